@@ -1,0 +1,43 @@
+//! The `concord` command line. Thin: each subcommand's arguments live beside the code
+//! that runs it; this file only routes.
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "concord",
+    version,
+    about = "GRPO training of LLMs on multi-agent coordination games"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand)]
+pub enum Command {
+    /// Inspect, play and benchmark the built-in environments.
+    Envs(crate::envs::cli::EnvsArgs),
+    /// Create model checkpoints (`model init-tiny`).
+    Model(crate::model::cli::ModelArgs),
+    /// Log-probabilities of a completion given a chat prompt (JSON).
+    Score(crate::model::cli::ScoreArgs),
+}
+
+pub fn main() -> i32 {
+    let cli = Cli::parse();
+    match run(cli) {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            1
+        }
+    }
+}
+
+fn run(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Command::Envs(args) => crate::envs::cli::run(args),
+        Command::Model(args) => crate::model::cli::run_model(args),
+        Command::Score(args) => crate::model::cli::run_score(args),
+    }
+}

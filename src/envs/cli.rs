@@ -1,0 +1,25 @@
+//! `concord envs` subcommands.
+use clap::{Args, Subcommand};
+
+#[derive(Args)]
+pub struct EnvsArgs {
+    #[command(subcommand)]
+    pub command: EnvsCommand,
+}
+
+#[derive(Subcommand)]
+pub enum EnvsCommand {
+    /// List the registered environments.
+    List,
+}
+
+pub fn run(args: EnvsArgs) -> anyhow::Result<()> {
+    match args.command {
+        EnvsCommand::List => {
+            for e in super::REGISTRY {
+                println!("{:<12} {}", e.name, e.summary);
+            }
+            Ok(())
+        }
+    }
+}

@@ -1,0 +1,11 @@
+//! Concord: a pure-Rust GRPO trainer that teaches LLMs to coordinate.
+//!
+//! Layout: [`model`] (Qwen2 + LoRA, loading, tokenizer), [`sample`] (group sampling
+//! with a shared KV cache), [`grpo`] (advantages, loss, optimiser, trainer), [`envs`]
+//! (the multi-agent environments) and [`config`] (the TOML schema).
+pub mod cli;
+pub mod config;
+pub mod envs;
+pub mod grpo;
+pub mod model;
+pub mod sample;

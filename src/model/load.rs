@@ -1,0 +1,1 @@
+//! Checkpoint loading: local directories and Hub ids.

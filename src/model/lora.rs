@@ -1,0 +1,1 @@
+//! LoRA adapters in PEFT's format.

@@ -1,0 +1,8 @@
+//! Qwen2 with LoRA adapters: our own differentiable implementation, checkpoint
+//! loading, tokenizer and chat template.
+pub mod cli;
+pub mod load;
+pub mod lora;
+pub mod ops;
+pub mod qwen2;
+pub mod tokenizer;

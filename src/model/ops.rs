@@ -1,0 +1,1 @@
+//! Differentiable and fused ops with real backward passes.

@@ -1,0 +1,1 @@
+//! Batched KV-cache sampling of G completions per prompt.
