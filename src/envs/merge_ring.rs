@@ -48,6 +48,13 @@
 //!   levels: signals like level 0, then commits to the other direct slot half the
 //!   time), otherwise a level as in `stationary`; at least one opponent is a deceiver.
 //!
+//! Level 2 behaves like `always_early` against level-1 neighbours (it announces early and
+//! they yield), and a ring of level-2 drivers therefore collides: the level hierarchy is
+//! not monotone in quality, so the policy has to infer who it faces.
+//!
+//! The continuation policy (used to finish episodes when scoring a GRPO decision) is
+//! the `heuristic`.
+//!
 //! # LLM interface
 //! Prompts are a system message (rules, rewards) and a user message (priority, public
 //! history, this episode's signals in the commit phase, options as a list, and the
@@ -394,7 +401,7 @@ impl Config {
     }
 
     pub fn validate(&self) -> anyhow::Result<()> {
-        if self.agents < 2 || self.agents % 2 != 0 || self.agents > 64 {
+        if self.agents < 2 || !self.agents.is_multiple_of(2) || self.agents > 64 {
             bail!(
                 "merge_ring option `agents` must be even and in 2..=64, got {}",
                 self.agents
@@ -687,8 +694,8 @@ impl MergeRing {
                         (Action::Bypass, false) => r.bypass,
                     })
                     .collect();
-                for i in 0..n {
-                    self.counts[i][self.signals[i].index()][actions[i].index()] += 1.0;
+                for ((c, s), a) in self.counts.iter_mut().zip(&self.signals).zip(&actions) {
+                    c[s.index()][a.index()] += 1.0;
                 }
                 let texts = (0..n)
                     .map(|i| match (self.signal_texts[i].take(), raw[i].take()) {

@@ -580,7 +580,7 @@ pub fn run_graph(args: GraphArgs) -> anyhow::Result<()> {
     if args.env != "merge_ring" {
         bail!("`envs graph` supports only merge_ring, got `{}`", args.env);
     }
-    if args.agents < 2 || args.agents % 2 != 0 {
+    if args.agents < 2 || !args.agents.is_multiple_of(2) {
         bail!("--agents must be an even number >= 2, got {}", args.agents);
     }
     let r = walk(args.agents, args.materialize)?;
