@@ -777,8 +777,8 @@ impl MergeRing {
              early slot and their neighbours the late slot, so drivers who follow the \
              priority never collide. Not every driver follows it, and drivers differ: use \
              what your neighbours signalled and then did in earlier episodes.\n\
-             Your score is your average reward over the session. Answer with one line \
-             `ACTION: <early|late|bypass>`.",
+             Your score is your average reward over the session. Answer with a single \
+             line in the format shown at the end of each message.",
             n = self.cfg.agents,
             e = self.cfg.episodes_per_session,
             me = r.merge_early,
@@ -830,11 +830,6 @@ impl MergeRing {
         }
         let neighbours: Vec<usize> = if l == r { vec![l] } else { vec![l, r] };
         for rec in &self.history {
-            let label = if rec.warmup {
-                " (warm-up)".to_string()
-            } else {
-                String::new()
-            };
             let parts: Vec<String> = neighbours
                 .iter()
                 .map(|&j| {
@@ -846,18 +841,13 @@ impl MergeRing {
                     )
                 })
                 .collect();
-            let idx = if rec.warmup {
-                rec.episode + 1
+            let label = if rec.warmup {
+                "warm-up episode".to_string()
             } else {
-                rec.episode + 1 - self.cfg.warmup
+                format!("episode {}", rec.episode + 1 - self.cfg.warmup)
             };
             out.push_str(&format!(
-                "- episode {}{label}: {}; you signalled {}, did {}: {}\n",
-                if rec.warmup {
-                    format!("-{}", self.cfg.warmup - rec.episode)
-                } else {
-                    idx.to_string()
-                },
+                "- {label}: {}; you signalled {}, did {}: {}\n",
                 parts.join("; "),
                 rec.signals[seat].as_str(),
                 rec.commitments[seat].as_str(),
