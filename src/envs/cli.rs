@@ -11,6 +11,8 @@ pub struct EnvsArgs {
 pub enum EnvsCommand {
     /// List the registered environments.
     List,
+    /// Exact reachable state graph of merge_ring (`--agents N [--materialize] --json`).
+    Graph(super::merge_ring::GraphArgs),
 }
 
 pub fn run(args: EnvsArgs) -> anyhow::Result<()> {
@@ -21,5 +23,6 @@ pub fn run(args: EnvsArgs) -> anyhow::Result<()> {
             }
             Ok(())
         }
+        EnvsCommand::Graph(a) => super::merge_ring::run_graph(a),
     }
 }

@@ -12,6 +12,7 @@
 //! rolling the episode out to the end.
 
 pub mod cli;
+pub mod merge_ring;
 
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -166,6 +167,7 @@ pub const REGISTRY: &[EnvInfo] = &[
 pub fn create(name: &str, options: &Options) -> anyhow::Result<Box<dyn EnvFactory>> {
     let _ = options;
     match name {
+        "merge_ring" => Ok(Box::new(merge_ring::MergeRingFactory::from_options(options)?)),
         _ if REGISTRY.iter().any(|e| e.name == name) => {
             anyhow::bail!("environment `{name}` is registered but not built into this version yet")
         }
