@@ -547,6 +547,390 @@ impl StopMatcher {
     }
 }
 
+// ---------------------------------------------------------------------------------------
+// Batched sampling over the model
+// ---------------------------------------------------------------------------------------
+
+use crate::model::qwen2::Qwen2;
+use candle_core::{DType, Tensor};
+use std::time::Instant;
+
+/// One prompt of a batch and which RNG streams its completions use: completion `j`
+/// (of `num`) draws from `row_rng(seed, stream_prompt, first_sample + j)`.
+#[derive(Debug, Clone)]
+pub struct GroupRequest<'a> {
+    pub prompt: &'a [u32],
+    pub num: usize,
+    pub stream_prompt: usize,
+    pub first_sample: usize,
+}
+
+/// Timing and work counters of one sampling call.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct SampleStats {
+    /// Real (unpadded) prompt tokens prefilled.
+    pub prefill_tokens: usize,
+    pub prefill_seconds: f64,
+    /// Tokens generated over all completions.
+    pub new_tokens: usize,
+    /// Decode time (everything after the prefill).
+    pub decode_seconds: f64,
+    /// Batched decode forwards run.
+    pub decode_steps: usize,
+    /// Row-steps computed (sum over decode steps of the batch size), padding included.
+    pub row_steps: usize,
+}
+
+impl SampleStats {
+    pub fn seconds(&self) -> f64 {
+        self.prefill_seconds + self.decode_seconds
+    }
+}
+
+/// G completions for each prompt: prompt `i`'s completion `j` uses RNG stream
+/// `(seed, i, j)`. Returns one `Vec<Completion>` (length `g`) per prompt.
+pub fn sample_groups(
+    model: &Qwen2,
+    tokenizer: &dyn TextDecoder,
+    prompts: &[Vec<u32>],
+    g: usize,
+    params: &SamplingParams,
+    seed: u64,
+) -> anyhow::Result<Vec<Vec<Completion>>> {
+    Ok(sample_groups_with_stats(model, tokenizer, prompts, g, params, seed)?.0)
+}
+
+/// [`sample_groups`] plus timing counters.
+pub fn sample_groups_with_stats(
+    model: &Qwen2,
+    tokenizer: &dyn TextDecoder,
+    prompts: &[Vec<u32>],
+    g: usize,
+    params: &SamplingParams,
+    seed: u64,
+) -> anyhow::Result<(Vec<Vec<Completion>>, SampleStats)> {
+    let reqs: Vec<GroupRequest> = prompts
+        .iter()
+        .enumerate()
+        .map(|(i, p)| GroupRequest {
+            prompt: p,
+            num: g,
+            stream_prompt: i,
+            first_sample: 0,
+        })
+        .collect();
+    sample_requests(model, tokenizer, &reqs, params, seed)
+}
+
+/// Per-completion state during decoding.
+struct Row {
+    /// Index of the request (prompt) in the batch.
+    req: usize,
+    rng: ChaCha8Rng,
+    ids: Vec<u32>,
+    sample_lps: Vec<f32>,
+    full_lps: Vec<f32>,
+    /// Prompt + completion, only when the repetition penalty is on.
+    context: Vec<u32>,
+    stop: StopMatcher,
+    finish: Option<FinishReason>,
+    text: Option<String>,
+    pending: Option<Choice>,
+}
+
+/// Chooses the next token of every row in `rows` from `logits` (`rows.len()` rows of
+/// `vocab`), spread over `samplers.len()` threads.
+fn choose_all(
+    rows: &mut [&mut Row],
+    logits: &[f32],
+    vocab: usize,
+    params: &SamplingParams,
+    samplers: &mut [RowSampler],
+) {
+    let n = rows.len();
+    let threads = samplers.len().clamp(1, n.max(1));
+    let per = n.div_ceil(threads).max(1);
+    let work = |rows: &mut [&mut Row], logits: &[f32], s: &mut RowSampler| {
+        for (k, row) in rows.iter_mut().enumerate() {
+            let l = &logits[k * vocab..(k + 1) * vocab];
+            let ctx: &[u32] = &row.context;
+            let generated = row.ids.len();
+            let c = s.choose(l, params, ctx, generated, &mut row.rng);
+            row.pending = Some(c);
+        }
+    };
+    if threads <= 1 {
+        work(rows, logits, &mut samplers[0]);
+        return;
+    }
+    std::thread::scope(|scope| {
+        let mut rest_rows = rows;
+        let mut rest_logits = logits;
+        for s in samplers.iter_mut().take(threads) {
+            let k = per.min(rest_rows.len());
+            if k == 0 {
+                break;
+            }
+            let (r, rr) = rest_rows.split_at_mut(k);
+            let (l, rl) = rest_logits.split_at(k * vocab);
+            rest_rows = rr;
+            rest_logits = rl;
+            scope.spawn(move || work(r, l, s));
+        }
+    });
+}
+
+/// Applies the pending choice of a row; returns true when the row just finished.
+fn commit(row: &mut Row, params: &SamplingParams, tok: &dyn TextDecoder) -> anyhow::Result<bool> {
+    let Some(c) = row.pending.take() else {
+        return Ok(false);
+    };
+    row.ids.push(c.token);
+    row.sample_lps.push(c.sample_logprob);
+    row.full_lps.push(c.full_logprob);
+    if params.repetition_penalty != 1.0 {
+        row.context.push(c.token);
+    }
+    if params.stop_token_ids.contains(&c.token) && row.ids.len() > params.min_new_tokens {
+        row.finish = Some(FinishReason::Eos);
+        return Ok(true);
+    }
+    if row.stop.is_active() {
+        let text = tok.decode_ids(&row.ids)?;
+        if let Some(pos) = row.stop.check(&text) {
+            row.text = Some(text[..pos].to_string());
+            row.finish = Some(FinishReason::Stop);
+            return Ok(true);
+        }
+    }
+    if row.ids.len() >= params.max_new_tokens {
+        row.finish = Some(FinishReason::Length);
+        return Ok(true);
+    }
+    Ok(false)
+}
+
+/// Logits `[n, V]` (f32 on the host) of the last position of `hidden` `[n, T, H]`.
+fn host_last_logits(model: &Qwen2, hidden: &Tensor) -> anyhow::Result<(Vec<f32>, usize)> {
+    let logits = model.last_logits(hidden)?;
+    let (_, v) = logits.dims2()?;
+    let logits = logits
+        .to_dtype(DType::F32)?
+        .flatten_all()?
+        .to_vec1::<f32>()?;
+    Ok((logits, v))
+}
+
+/// The general batched sampler: every request's prompt is prefilled once (all prompts
+/// in one left-padded batch), its KV cache rows are expanded to its completions, and
+/// all completions decode together, one token per step, with finished rows dropped
+/// from the batch. Detached throughout (no autograd graph).
+pub fn sample_requests(
+    model: &Qwen2,
+    tokenizer: &dyn TextDecoder,
+    requests: &[GroupRequest],
+    params: &SamplingParams,
+    seed: u64,
+) -> anyhow::Result<(Vec<Vec<Completion>>, SampleStats)> {
+    params.validate()?;
+    let mut stats = SampleStats::default();
+    let mut rows: Vec<Row> = Vec::new();
+    for (r, q) in requests.iter().enumerate() {
+        anyhow::ensure!(!q.prompt.is_empty(), "prompt {r} is empty");
+        for j in 0..q.num {
+            rows.push(Row {
+                req: r,
+                rng: row_rng(seed, q.stream_prompt, q.first_sample + j),
+                ids: Vec::new(),
+                sample_lps: Vec::new(),
+                full_lps: Vec::new(),
+                context: if params.repetition_penalty != 1.0 {
+                    q.prompt.to_vec()
+                } else {
+                    Vec::new()
+                },
+                stop: StopMatcher::new(&params.stop_strings),
+                finish: None,
+                text: None,
+                pending: None,
+            });
+        }
+    }
+    if params.max_new_tokens == 0 {
+        for row in &mut rows {
+            row.finish = Some(FinishReason::Length);
+        }
+    }
+    // Requests that have at least one completion to sample.
+    let live_reqs: Vec<usize> = (0..requests.len())
+        .filter(|&r| requests[r].num > 0 && params.max_new_tokens > 0)
+        .collect();
+    if !live_reqs.is_empty() {
+        let device = model.device().clone();
+        let threads = candle_core::utils::get_num_threads().max(1);
+        let mut samplers = vec![RowSampler::new(); threads];
+        let t0 = Instant::now();
+        // ---- prefill: one left-padded batch of the distinct prompts
+        let lmax = live_reqs
+            .iter()
+            .map(|&r| requests[r].prompt.len())
+            .max()
+            .unwrap_or(1);
+        let p = live_reqs.len();
+        let mut ids = vec![0u32; p * lmax];
+        let mut mask = vec![0u8; p * lmax];
+        for (i, &r) in live_reqs.iter().enumerate() {
+            let pr = requests[r].prompt;
+            let off = i * lmax + (lmax - pr.len());
+            ids[off..off + pr.len()].copy_from_slice(pr);
+            mask[off..off + pr.len()].iter_mut().for_each(|m| *m = 1);
+            stats.prefill_tokens += pr.len();
+        }
+        let mut cache = model.new_cache(p, lmax + params.max_new_tokens)?;
+        let ids_t = Tensor::from_vec(ids, (p, lmax), &device)?;
+        let all_real = mask.iter().all(|&m| m != 0);
+        let hidden = model.forward_cached(
+            &ids_t,
+            if all_real { None } else { Some(&mask) },
+            &mut cache,
+        )?;
+        let (logits, vocab) = host_last_logits(model, &hidden)?;
+        drop(hidden);
+        stats.prefill_seconds = t0.elapsed().as_secs_f64();
+        let t1 = Instant::now();
+
+        // ---- first token of every completion from its prompt's prefill logits
+        let slot_of_req: std::collections::HashMap<usize, usize> =
+            live_reqs.iter().enumerate().map(|(i, &r)| (r, i)).collect();
+        // batch order: rows in order, each pointing at its prompt's cache row
+        let mut active: Vec<usize> = (0..rows.len())
+            .filter(|&i| rows[i].finish.is_none())
+            .collect();
+        {
+            // gather each active row's logits (rows of one prompt share them)
+            let mut gathered = Vec::with_capacity(active.len() * vocab);
+            for &i in &active {
+                let s = slot_of_req[&rows[i].req];
+                gathered.extend_from_slice(&logits[s * vocab..(s + 1) * vocab]);
+            }
+            let mut refs: Vec<&mut Row> = rows.iter_mut().filter(|r| r.finish.is_none()).collect();
+            choose_all(&mut refs, &gathered, vocab, params, &mut samplers);
+        }
+        drop(logits);
+        for &i in &active {
+            commit(&mut rows[i], params, tokenizer)?;
+        }
+        // expand the prompt cache rows to the completions still running
+        let cache_rows: Vec<usize> = active
+            .iter()
+            .filter(|&&i| rows[i].finish.is_none())
+            .map(|&i| slot_of_req[&rows[i].req])
+            .collect();
+        active.retain(|&i| rows[i].finish.is_none());
+        if !active.is_empty() {
+            let mut cache = cache.select_rows(&cache_rows)?;
+            // `batch[k]` = row index held by cache row k; None = finished, masked out.
+            let mut batch: Vec<Option<usize>> = active.iter().map(|&i| Some(i)).collect();
+            loop {
+                let n = batch.len();
+                let mut step_ids = Vec::with_capacity(n);
+                let mut step_mask = Vec::with_capacity(n);
+                for slot in &batch {
+                    match slot {
+                        Some(i) => {
+                            step_ids.push(*rows[*i].ids.last().unwrap_or(&0));
+                            step_mask.push(1u8);
+                        }
+                        None => {
+                            step_ids.push(0);
+                            step_mask.push(0u8);
+                        }
+                    }
+                }
+                let all_real = step_mask.iter().all(|&m| m != 0);
+                let ids_t = Tensor::from_vec(step_ids, (n, 1), &device)?;
+                let hidden = model.forward_cached(
+                    &ids_t,
+                    if all_real { None } else { Some(&step_mask) },
+                    &mut cache,
+                )?;
+                let (logits, vocab) = host_last_logits(model, &hidden)?;
+                stats.decode_steps += 1;
+                stats.row_steps += n;
+                // choose for live rows (keeping cache order)
+                let live_k: Vec<usize> = (0..n).filter(|&k| batch[k].is_some()).collect();
+                let gathered: std::borrow::Cow<[f32]> = if live_k.len() == n {
+                    std::borrow::Cow::Borrowed(&logits)
+                } else {
+                    let mut g = Vec::with_capacity(live_k.len() * vocab);
+                    for &k in &live_k {
+                        g.extend_from_slice(&logits[k * vocab..(k + 1) * vocab]);
+                    }
+                    std::borrow::Cow::Owned(g)
+                };
+                {
+                    let want: Vec<usize> = live_k.iter().filter_map(|&k| batch[k]).collect();
+                    let mut refs = rows_in_order(&mut rows, &want);
+                    choose_all(&mut refs, &gathered, vocab, params, &mut samplers);
+                }
+                let mut dead = 0;
+                for slot in batch.iter_mut() {
+                    if let Some(i) = *slot {
+                        if commit(&mut rows[i], params, tokenizer)? {
+                            *slot = None;
+                        }
+                    }
+                    if slot.is_none() {
+                        dead += 1;
+                    }
+                }
+                if dead == n {
+                    break;
+                }
+                // Compact once enough rows are done (a masked row still costs compute).
+                if dead > 0 && dead * 8 >= n {
+                    let keep: Vec<usize> = (0..n).filter(|&k| batch[k].is_some()).collect();
+                    cache = cache.select_rows(&keep)?;
+                    batch = keep.iter().map(|&k| batch[k]).collect();
+                }
+            }
+        }
+        stats.decode_seconds = t1.elapsed().as_secs_f64();
+    }
+
+    // ---- assemble
+    let mut out: Vec<Vec<Completion>> =
+        requests.iter().map(|q| Vec::with_capacity(q.num)).collect();
+    for row in rows {
+        let finish = row.finish.unwrap_or(FinishReason::Length);
+        stats.new_tokens += row.ids.len();
+        let text = match (finish, row.text) {
+            (_, Some(t)) => t,
+            (FinishReason::Eos, None) => {
+                tokenizer.decode_ids(&row.ids[..row.ids.len().saturating_sub(1)])?
+            }
+            (_, None) => tokenizer.decode_ids(&row.ids)?,
+        };
+        out[row.req].push(Completion {
+            ids: row.ids,
+            text,
+            finish_reason: finish,
+            sample_logprobs: row.sample_lps,
+            full_logprobs: row.full_lps,
+        });
+    }
+    Ok((out, stats))
+}
+
+/// Mutable references to `rows[want[0]], rows[want[1]], ...` (distinct indices), in
+/// that order.
+fn rows_in_order<'a>(rows: &'a mut [Row], want: &[usize]) -> Vec<&'a mut Row> {
+    let mut slots: Vec<Option<&'a mut Row>> = rows.iter_mut().map(Some).collect();
+    want.iter()
+        .filter_map(|&i| slots.get_mut(i).and_then(|s| s.take()))
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
