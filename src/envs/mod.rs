@@ -25,13 +25,22 @@ pub struct Message {
 
 impl Message {
     pub fn system(content: impl Into<String>) -> Self {
-        Self { role: "system".into(), content: content.into() }
+        Self {
+            role: "system".into(),
+            content: content.into(),
+        }
     }
     pub fn user(content: impl Into<String>) -> Self {
-        Self { role: "user".into(), content: content.into() }
+        Self {
+            role: "user".into(),
+            content: content.into(),
+        }
     }
     pub fn assistant(content: impl Into<String>) -> Self {
-        Self { role: "assistant".into(), content: content.into() }
+        Self {
+            role: "assistant".into(),
+            content: content.into(),
+        }
     }
 }
 
@@ -89,8 +98,13 @@ pub trait EnvFactory: Send + Sync {
     fn pools(&self) -> Vec<&'static str>;
     /// Play `episodes` episodes (seeds `first_seed..`) with `policy` in every policy
     /// seat against `pool`, and summarise them.
-    fn baseline(&self, policy: &str, pool: &str, episodes: usize, first_seed: u64)
-        -> anyhow::Result<BaselineRow>;
+    fn baseline(
+        &self,
+        policy: &str,
+        pool: &str,
+        episodes: usize,
+        first_seed: u64,
+    ) -> anyhow::Result<BaselineRow>;
 }
 
 /// One row of `concord envs baseline --json`.
@@ -130,10 +144,22 @@ pub struct EnvInfo {
 
 /// Every environment built into the binary.
 pub const REGISTRY: &[EnvInfo] = &[
-    EnvInfo { name: "ticketmelt", summary: "four engineers deploy fixes to two shared prod servers" },
-    EnvInfo { name: "merge_ring", summary: "vehicles on a ring signal, then commit to merge slots" },
-    EnvInfo { name: "postmortem", summary: "write an incident post-mortem from logs and Slack" },
-    EnvInfo { name: "whispers", summary: "information triage among witnesses, relays and liars" },
+    EnvInfo {
+        name: "ticketmelt",
+        summary: "four engineers deploy fixes to two shared prod servers",
+    },
+    EnvInfo {
+        name: "merge_ring",
+        summary: "vehicles on a ring signal, then commit to merge slots",
+    },
+    EnvInfo {
+        name: "postmortem",
+        summary: "write an incident post-mortem from logs and Slack",
+    },
+    EnvInfo {
+        name: "whispers",
+        summary: "information triage among witnesses, relays and liars",
+    },
 ];
 
 /// Build the factory for a registry name with its options.
@@ -145,7 +171,11 @@ pub fn create(name: &str, options: &Options) -> anyhow::Result<Box<dyn EnvFactor
         }
         _ => anyhow::bail!(
             "unknown environment `{name}`; known: {}",
-            REGISTRY.iter().map(|e| e.name).collect::<Vec<_>>().join(", ")
+            REGISTRY
+                .iter()
+                .map(|e| e.name)
+                .collect::<Vec<_>>()
+                .join(", ")
         ),
     }
 }
