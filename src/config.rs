@@ -1,2 +1,768 @@
 //! The TOML run configuration: schema (unknown keys rejected with key and line),
 //! validation and `--set section.key=value` overrides.
+//!
+//! Sections: `[run]`, `[model]`, `[lora]`, `[grpo]`, `[optim]`, `[env]` (+ the free
+//! table `[env.options]`, validated by the environment itself) and, reserved for
+//! curricula (issue 8), `[[stage]]` tables, which are kept verbatim here.
+//!
+//! Defaults follow TRL's `GRPOConfig` / transformers' `TrainingArguments` (see
+//! `shared/design/grpo.md`) so that a user moving from Python finds the same numbers.
+use anyhow::{anyhow, bail, Context, Result};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+/// The whole run configuration.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    #[serde(default)]
+    pub run: RunConfig,
+    #[serde(default)]
+    pub model: ModelConfig,
+    #[serde(default)]
+    pub lora: LoraSection,
+    #[serde(default)]
+    pub grpo: GrpoConfig,
+    #[serde(default)]
+    pub optim: OptimConfig,
+    /// The environment trained on. Optional because a curriculum (`[[stage]]`) names
+    /// its environments per stage.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub env: Option<EnvConfig>,
+    /// Curriculum stages (issue 8). Kept verbatim; the curriculum module parses them.
+    #[serde(default, rename = "stage", skip_serializing_if = "Vec::is_empty")]
+    pub stages: Vec<toml::Table>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RunConfig {
+    /// Output goes to `<output_dir>/<name>/`.
+    pub name: String,
+    pub output_dir: PathBuf,
+    pub seed: u64,
+    /// Optimiser steps.
+    pub steps: usize,
+    /// Write `checkpoint-STEP/` every this many steps (0: only at the end).
+    pub save_every: usize,
+    /// Completions per step written to `samples.jsonl`.
+    pub log_samples: usize,
+    /// Keep at most this many checkpoints (0: keep all).
+    pub save_total_limit: usize,
+}
+
+impl Default for RunConfig {
+    fn default() -> Self {
+        Self {
+            name: "concord".into(),
+            output_dir: PathBuf::from("runs"),
+            seed: 42,
+            steps: 100,
+            save_every: 25,
+            log_samples: 4,
+            save_total_limit: 0,
+        }
+    }
+}
+
+/// Parameter / compute dtype.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum DTypeName {
+    #[default]
+    F32,
+    Bf16,
+    F16,
+}
+
+impl DTypeName {
+    pub fn to_candle(self) -> candle_core::DType {
+        match self {
+            DTypeName::F32 => candle_core::DType::F32,
+            DTypeName::Bf16 => candle_core::DType::BF16,
+            DTypeName::F16 => candle_core::DType::F16,
+        }
+    }
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DTypeName::F32 => "f32",
+            DTypeName::Bf16 => "bf16",
+            DTypeName::F16 => "f16",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ModelConfig {
+    /// Hub id (`Qwen/Qwen2.5-3B-Instruct[@revision]`) or local directory. The special
+    /// value `tiny` (or a path whose directory is missing and `init_tiny = true`) uses
+    /// the built-in tiny random model.
+    pub name: String,
+    pub dtype: DTypeName,
+    /// `cpu` or `cuda:N`.
+    pub device: String,
+    /// Create the built-in tiny random model at `name` when that directory is absent.
+    pub init_tiny: bool,
+}
+
+impl Default for ModelConfig {
+    fn default() -> Self {
+        Self {
+            name: String::new(),
+            dtype: DTypeName::F32,
+            device: "cpu".into(),
+            init_tiny: false,
+        }
+    }
+}
+
+impl ModelConfig {
+    /// The candle device named by `device`.
+    pub fn candle_device(&self) -> Result<candle_core::Device> {
+        parse_device(&self.device)
+    }
+}
+
+/// `cpu` or `cuda:N` (also `cuda` = `cuda:0`).
+pub fn parse_device(s: &str) -> Result<candle_core::Device> {
+    if s == "cpu" {
+        return Ok(candle_core::Device::Cpu);
+    }
+    let ordinal = if s == "cuda" {
+        0
+    } else if let Some(n) = s.strip_prefix("cuda:") {
+        n.parse::<usize>()
+            .map_err(|_| anyhow!("device `{s}`: expected cpu or cuda:N"))?
+    } else {
+        bail!("device `{s}`: expected cpu or cuda:N");
+    };
+    candle_core::Device::new_cuda(ordinal)
+        .with_context(|| format!("device `{s}` (build with `--features cuda` for GPU support)"))
+}
+
+pub const LORA_TARGETS: [&str; 7] = [
+    "q_proj",
+    "k_proj",
+    "v_proj",
+    "o_proj",
+    "gate_proj",
+    "up_proj",
+    "down_proj",
+];
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LoraSection {
+    pub r: usize,
+    pub alpha: f64,
+    pub dropout: f64,
+    pub targets: Vec<String>,
+    pub use_rslora: bool,
+}
+
+impl Default for LoraSection {
+    fn default() -> Self {
+        Self {
+            r: 16,
+            alpha: 32.0,
+            dropout: 0.05,
+            targets: LORA_TARGETS.iter().map(|s| s.to_string()).collect(),
+            use_rslora: false,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum LossType {
+    Grpo,
+    Bnpo,
+    DrGrpo,
+    #[default]
+    Dapo,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum ImportanceSamplingLevel {
+    #[default]
+    Token,
+    Sequence,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum ScaleRewards {
+    #[default]
+    Group,
+    Batch,
+    None,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct GrpoConfig {
+    /// G: completions per prompt.
+    pub num_generations: usize,
+    /// Prompts (groups) per optimiser step; the batch has prompts_per_step x G rows.
+    pub prompts_per_step: usize,
+    pub max_completion_length: usize,
+    pub temperature: f64,
+    pub top_p: f64,
+    /// 0: off.
+    pub top_k: usize,
+    /// 0: off.
+    pub min_p: f64,
+    pub repetition_penalty: f64,
+    /// KL weight; the reference is the model with the adapter disabled.
+    pub beta: f64,
+    pub epsilon: f64,
+    /// Upper clip epsilon (DAPO: 0.28); defaults to `epsilon`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub epsilon_high: Option<f64>,
+    /// Caps the importance weight from above (two-sided GRPO); off when absent.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub delta: Option<f64>,
+    pub loss_type: LossType,
+    pub importance_sampling_level: ImportanceSamplingLevel,
+    pub scale_rewards: ScaleRewards,
+    pub mask_truncated_completions: bool,
+    /// Optimiser steps per generated batch (reuses old log-probs when > 1).
+    pub num_iterations: usize,
+    /// Weights of named reward components; empty: use the environment's scalar reward.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub reward_weights: BTreeMap<String, f64>,
+}
+
+impl Default for GrpoConfig {
+    fn default() -> Self {
+        Self {
+            num_generations: 8,
+            prompts_per_step: 4,
+            max_completion_length: 256,
+            temperature: 1.0,
+            top_p: 1.0,
+            top_k: 0,
+            min_p: 0.0,
+            repetition_penalty: 1.0,
+            beta: 0.0,
+            epsilon: 0.2,
+            epsilon_high: None,
+            delta: None,
+            loss_type: LossType::Dapo,
+            importance_sampling_level: ImportanceSamplingLevel::Token,
+            scale_rewards: ScaleRewards::Group,
+            mask_truncated_completions: false,
+            num_iterations: 1,
+            reward_weights: BTreeMap::new(),
+        }
+    }
+}
+
+impl GrpoConfig {
+    pub fn epsilon_high(&self) -> f64 {
+        self.epsilon_high.unwrap_or(self.epsilon)
+    }
+    /// Rows of one generation batch.
+    pub fn batch_size(&self) -> usize {
+        self.num_generations * self.prompts_per_step
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum Schedule {
+    Constant,
+    #[default]
+    Linear,
+    Cosine,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct OptimConfig {
+    pub learning_rate: f64,
+    /// Global-norm gradient clipping; 0 disables it.
+    pub max_grad_norm: f64,
+    pub betas: [f64; 2],
+    pub eps: f64,
+    pub weight_decay: f64,
+    pub warmup_steps: usize,
+    pub schedule: Schedule,
+    /// Sequences per forward/backward (gradient accumulation); 0: the whole batch.
+    pub micro_batch: usize,
+}
+
+impl Default for OptimConfig {
+    fn default() -> Self {
+        Self {
+            learning_rate: 1e-6,
+            max_grad_norm: 1.0,
+            betas: [0.9, 0.999],
+            eps: 1e-8,
+            weight_decay: 0.0,
+            warmup_steps: 0,
+            schedule: Schedule::Linear,
+            micro_batch: 0,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct EnvConfig {
+    /// Registry name (`ticketmelt`, `merge_ring`, ...).
+    pub name: String,
+    /// Free table, validated by the environment.
+    #[serde(default)]
+    pub options: toml::Table,
+}
+
+/// Where a config came from, for error messages.
+struct Source<'a> {
+    path: &'a str,
+    text: &'a str,
+}
+
+impl Config {
+    /// Read `path`, apply `--set` overrides (`section.key=value`), validate.
+    pub fn load(path: &Path, sets: &[String]) -> Result<Config> {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("reading config {}", path.display()))?;
+        Self::from_toml_str(&text, &path.display().to_string(), sets)
+    }
+
+    /// Parse `text` (named `origin` in errors), apply overrides, validate.
+    pub fn from_toml_str(text: &str, origin: &str, sets: &[String]) -> Result<Config> {
+        let src = Source { path: origin, text };
+        // Parse the file alone first: its errors carry spans, hence lines.
+        let file_cfg: Config = toml::from_str(text).map_err(|e| de_error(&src, &e))?;
+        let cfg = if sets.is_empty() {
+            file_cfg
+        } else {
+            let mut table: toml::Table = toml::from_str(text).map_err(|e| de_error(&src, &e))?;
+            for s in sets {
+                apply_set(&mut table, s)?;
+            }
+            Config::deserialize(toml::Value::Table(table)).map_err(|e| {
+                anyhow!(
+                    "{origin}: after --set overrides ({}): {}",
+                    sets.join(", "),
+                    e.message().trim()
+                )
+            })?
+        };
+        cfg.validate().map_err(|e| {
+            let line = e
+                .key
+                .as_ref()
+                .and_then(|(section, key)| find_key_line(text, section, key));
+            let set_by_flag = e.key.as_ref().is_some_and(|(section, key)| {
+                sets.iter().any(|s| {
+                    s.split('=').next().map(str::trim) == Some(&format!("{section}.{key}"))
+                })
+            });
+            match (line, set_by_flag) {
+                (_, true) => anyhow!("{origin}: {} (set by --set)", e.message),
+                (Some(l), false) => anyhow!("{origin}: line {l}: {}", e.message),
+                (None, false) => anyhow!("{origin}: {}", e.message),
+            }
+        })?;
+        Ok(cfg)
+    }
+
+    /// Range and consistency checks (written as `!(x > 0.0)` so NaN fails too).
+    #[allow(clippy::neg_cmp_op_on_partial_ord)]
+    fn validate(&self) -> std::result::Result<(), ValidationError> {
+        let err = |section: &str, key: &str, msg: String| ValidationError {
+            key: Some((section.to_string(), key.to_string())),
+            message: format!("{section}.{key}: {msg}"),
+        };
+        let r = &self.run;
+        if r.name.trim().is_empty() || r.name.contains(['/', '\\']) || r.name == ".." {
+            return Err(err(
+                "run",
+                "name",
+                format!("`{}` must be a plain non-empty directory name", r.name),
+            ));
+        }
+        if r.steps == 0 {
+            return Err(err("run", "steps", "must be >= 1".into()));
+        }
+        let m = &self.model;
+        if m.name.trim().is_empty() {
+            return Err(ValidationError {
+                key: None,
+                message: "model.name is required (a Hub id, a local directory, or `tiny`)".into(),
+            });
+        }
+        if !(m.device == "cpu"
+            || m.device == "cuda"
+            || m.device
+                .strip_prefix("cuda:")
+                .is_some_and(|n| n.parse::<usize>().is_ok()))
+        {
+            return Err(err(
+                "model",
+                "device",
+                format!("`{}`: expected cpu or cuda:N", m.device),
+            ));
+        }
+        let l = &self.lora;
+        if l.r == 0 {
+            return Err(err("lora", "r", "must be >= 1".into()));
+        }
+        if !(l.alpha > 0.0) {
+            return Err(err("lora", "alpha", format!("{} must be > 0", l.alpha)));
+        }
+        if !(0.0..1.0).contains(&l.dropout) {
+            return Err(err(
+                "lora",
+                "dropout",
+                format!("{} must be in [0, 1)", l.dropout),
+            ));
+        }
+        if l.targets.is_empty() {
+            return Err(err(
+                "lora",
+                "targets",
+                "must name at least one module".into(),
+            ));
+        }
+        for t in &l.targets {
+            if !LORA_TARGETS.contains(&t.as_str()) {
+                return Err(err(
+                    "lora",
+                    "targets",
+                    format!("unknown module `{t}`; known: {}", LORA_TARGETS.join(", ")),
+                ));
+            }
+        }
+        let g = &self.grpo;
+        if g.num_generations < 2 {
+            return Err(err(
+                "grpo",
+                "num_generations",
+                format!(
+                    "{} must be >= 2 (advantages compare completions within a group)",
+                    g.num_generations
+                ),
+            ));
+        }
+        if g.prompts_per_step == 0 {
+            return Err(err("grpo", "prompts_per_step", "must be >= 1".into()));
+        }
+        if g.max_completion_length == 0 {
+            return Err(err("grpo", "max_completion_length", "must be >= 1".into()));
+        }
+        if !(g.temperature > 0.0) || !g.temperature.is_finite() {
+            return Err(err(
+                "grpo",
+                "temperature",
+                format!("{} must be > 0", g.temperature),
+            ));
+        }
+        if !(0.0..=1.0).contains(&g.top_p) {
+            return Err(err(
+                "grpo",
+                "top_p",
+                format!("{} must be in [0, 1]", g.top_p),
+            ));
+        }
+        if !(0.0..=1.0).contains(&g.min_p) {
+            return Err(err(
+                "grpo",
+                "min_p",
+                format!("{} must be in [0, 1]", g.min_p),
+            ));
+        }
+        if !(g.repetition_penalty > 0.0) {
+            return Err(err(
+                "grpo",
+                "repetition_penalty",
+                format!("{} must be > 0", g.repetition_penalty),
+            ));
+        }
+        if !(g.beta >= 0.0) || !g.beta.is_finite() {
+            return Err(err("grpo", "beta", format!("{} must be >= 0", g.beta)));
+        }
+        if !(g.epsilon > 0.0) || !(g.epsilon < 1.0) {
+            return Err(err(
+                "grpo",
+                "epsilon",
+                format!("{} must be in (0, 1)", g.epsilon),
+            ));
+        }
+        if let Some(eh) = g.epsilon_high {
+            if !(eh > 0.0) || !eh.is_finite() {
+                return Err(err("grpo", "epsilon_high", format!("{eh} must be > 0")));
+            }
+        }
+        if let Some(d) = g.delta {
+            if !(d > 1.0) || !d.is_finite() {
+                return Err(err("grpo", "delta", format!("{d} must be > 1")));
+            }
+        }
+        if g.num_iterations == 0 {
+            return Err(err("grpo", "num_iterations", "must be >= 1".into()));
+        }
+        for (k, w) in &g.reward_weights {
+            if !w.is_finite() {
+                return Err(err(
+                    "grpo",
+                    "reward_weights",
+                    format!("weight of `{k}` must be finite"),
+                ));
+            }
+        }
+        let o = &self.optim;
+        if !(o.learning_rate > 0.0) || !o.learning_rate.is_finite() {
+            return Err(err(
+                "optim",
+                "learning_rate",
+                format!("{} must be > 0", o.learning_rate),
+            ));
+        }
+        if !(o.max_grad_norm >= 0.0) {
+            return Err(err(
+                "optim",
+                "max_grad_norm",
+                format!("{} must be >= 0 (0 disables clipping)", o.max_grad_norm),
+            ));
+        }
+        for b in o.betas {
+            if !(0.0..1.0).contains(&b) {
+                return Err(err("optim", "betas", format!("{b} must be in [0, 1)")));
+            }
+        }
+        if !(o.eps > 0.0) {
+            return Err(err("optim", "eps", format!("{} must be > 0", o.eps)));
+        }
+        if !(o.weight_decay >= 0.0) {
+            return Err(err(
+                "optim",
+                "weight_decay",
+                format!("{} must be >= 0", o.weight_decay),
+            ));
+        }
+        if o.warmup_steps > r.steps {
+            return Err(err(
+                "optim",
+                "warmup_steps",
+                format!("{} exceeds run.steps = {}", o.warmup_steps, r.steps),
+            ));
+        }
+        match &self.env {
+            Some(e) if e.name.trim().is_empty() => {
+                return Err(err("env", "name", "must name an environment".into()))
+            }
+            None if self.stages.is_empty() => {
+                return Err(ValidationError {
+                    key: None,
+                    message: "missing [env] section (or [[stage]] tables)".into(),
+                })
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// The resolved configuration as TOML (written to `runs/NAME/config.toml`).
+    pub fn to_toml_string(&self) -> Result<String> {
+        toml::to_string(self).context("serialising config")
+    }
+
+    /// `<output_dir>/<name>`.
+    pub fn run_dir(&self) -> PathBuf {
+        self.run.output_dir.join(&self.run.name)
+    }
+}
+
+struct ValidationError {
+    /// (section, key) the error is about, to find its line.
+    key: Option<(String, String)>,
+    message: String,
+}
+
+/// Turn a toml deserialisation error into "FILE: line N: message (in [section])".
+fn de_error(src: &Source, e: &toml::de::Error) -> anyhow::Error {
+    let msg = e.message().trim().to_string();
+    match e.span() {
+        Some(span) => {
+            let (line, col) = line_col(src.text, span.start);
+            let section = section_at(src.text, span.start);
+            let what = src.text.get(span.clone()).unwrap_or("").trim();
+            let key_note = if msg.starts_with("unknown field") || what.is_empty() {
+                String::new()
+            } else {
+                format!(" (at `{}`)", truncate(what, 40))
+            };
+            let sec_note = match section {
+                Some(s) => format!(" in [{s}]"),
+                None => String::new(),
+            };
+            anyhow!(
+                "{}: line {line}, column {col}{sec_note}: {msg}{key_note}",
+                src.path
+            )
+        }
+        None => anyhow!("{}: {msg}", src.path),
+    }
+}
+
+fn truncate(s: &str, n: usize) -> String {
+    if s.chars().count() <= n {
+        s.to_string()
+    } else {
+        format!("{}...", s.chars().take(n).collect::<String>())
+    }
+}
+
+/// 1-based line and column of byte offset `pos`.
+fn line_col(text: &str, pos: usize) -> (usize, usize) {
+    let pos = pos.min(text.len());
+    let before = &text.as_bytes()[..pos];
+    let line = before.iter().filter(|&&b| b == b'\n').count() + 1;
+    let col = pos
+        - before
+            .iter()
+            .rposition(|&b| b == b'\n')
+            .map_or(0, |p| p + 1)
+        + 1;
+    (line, col)
+}
+
+/// The table header (`[x]` / `[[x]]`) in force at byte offset `pos`.
+fn section_at(text: &str, pos: usize) -> Option<String> {
+    let mut current = None;
+    let mut offset = 0;
+    for line in text.split_inclusive('\n') {
+        if offset > pos {
+            break;
+        }
+        if let Some(h) = header_name(line) {
+            current = Some(h);
+        }
+        offset += line.len();
+    }
+    current
+}
+
+fn header_name(line: &str) -> Option<String> {
+    let t = line.trim();
+    if t.starts_with("[[") {
+        let end = t.find("]]")?;
+        Some(t[2..end].trim().to_string())
+    } else if t.starts_with('[') {
+        let end = t.find(']')?;
+        Some(t[1..end].trim().to_string())
+    } else {
+        None
+    }
+}
+
+/// 1-based line where `key` is assigned inside `[section]`, if written plainly.
+fn find_key_line(text: &str, section: &str, key: &str) -> Option<usize> {
+    let mut current = String::new();
+    for (i, line) in text.lines().enumerate() {
+        if let Some(h) = header_name(line) {
+            current = h;
+            continue;
+        }
+        let t = line.trim_start();
+        let (lhs, _) = match t.split_once('=') {
+            Some(x) => x,
+            None => continue,
+        };
+        let lhs = lhs.trim().trim_matches('"');
+        if (current == section && lhs == key)
+            || (current.is_empty() && lhs == format!("{section}.{key}"))
+        {
+            return Some(i + 1);
+        }
+    }
+    None
+}
+
+/// Apply one `section.key=value` override: the value is parsed as TOML
+/// (`0.7`, `true`, `"x"`, `[1, 2]`), falling back to a plain string (`cuda:0`).
+pub fn apply_set(table: &mut toml::Table, set: &str) -> Result<()> {
+    let (path, raw) = set
+        .split_once('=')
+        .ok_or_else(|| anyhow!("--set `{set}`: expected section.key=value"))?;
+    let path = path.trim();
+    let raw = raw.trim();
+    let parts: Vec<&str> = path.split('.').map(str::trim).collect();
+    if parts.len() < 2 || parts.iter().any(|p| p.is_empty()) {
+        bail!("--set `{set}`: expected section.key=value (e.g. grpo.temperature=0.7)");
+    }
+    let value = parse_set_value(raw);
+    let mut t = table;
+    for (i, p) in parts[..parts.len() - 1].iter().enumerate() {
+        let entry = t
+            .entry(p.to_string())
+            .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+        t = match entry {
+            toml::Value::Table(tt) => tt,
+            _ => bail!("--set `{set}`: `{}` is not a table", parts[..=i].join(".")),
+        };
+    }
+    t.insert(parts[parts.len() - 1].to_string(), value);
+    Ok(())
+}
+
+fn parse_set_value(raw: &str) -> toml::Value {
+    match toml::from_str::<toml::Table>(&format!("v = {raw}")) {
+        Ok(mut t) => t
+            .remove("v")
+            .unwrap_or_else(|| toml::Value::String(raw.to_string())),
+        Err(_) => toml::Value::String(raw.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIN: &str = "[model]\nname = \"tiny\"\n[env]\nname = \"ticketmelt\"\n";
+
+    #[test]
+    fn defaults_match_trl() {
+        let c = Config::from_toml_str(MIN, "t.toml", &[]).unwrap();
+        assert_eq!(c.grpo.num_generations, 8);
+        assert_eq!(c.grpo.temperature, 1.0);
+        assert_eq!(c.grpo.beta, 0.0);
+        assert_eq!(c.grpo.epsilon, 0.2);
+        assert_eq!(c.grpo.epsilon_high(), 0.2);
+        assert_eq!(c.grpo.loss_type, LossType::Dapo);
+        assert_eq!(c.grpo.scale_rewards, ScaleRewards::Group);
+        assert_eq!(c.optim.learning_rate, 1e-6);
+        assert_eq!(c.optim.max_grad_norm, 1.0);
+        assert_eq!(c.optim.betas, [0.9, 0.999]);
+    }
+
+    #[test]
+    fn line_col_and_sections() {
+        let t = "a = 1\n[x]\nb = 2\n";
+        assert_eq!(line_col(t, 0), (1, 1));
+        assert_eq!(line_col(t, 10), (3, 1));
+        assert_eq!(section_at(t, 10).as_deref(), Some("x"));
+        assert_eq!(find_key_line(t, "x", "b"), Some(3));
+    }
+
+    #[test]
+    fn set_values() {
+        assert_eq!(parse_set_value("0.7"), toml::Value::Float(0.7));
+        assert_eq!(
+            parse_set_value("cuda:0"),
+            toml::Value::String("cuda:0".into())
+        );
+        assert_eq!(
+            parse_set_value("\"x y\""),
+            toml::Value::String("x y".into())
+        );
+        assert_eq!(parse_set_value("true"), toml::Value::Boolean(true));
+    }
+}

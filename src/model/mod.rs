@@ -6,3 +6,6 @@ pub mod lora;
 pub mod ops;
 pub mod qwen2;
 pub mod tokenizer;
+
+pub use lora::{LoraConfig, LORA_TARGETS};
+pub use qwen2::{random_weights, KvCache, Mode, Qwen2, Qwen2Config, TokenLogProbs, Weights};

@@ -1,0 +1,224 @@
+//! Batched group sampling over a tiny random Qwen2 (no files, no tokenizer download).
+use candle_core::{DType, Device, Tensor};
+use concord::model::qwen2::{random_weights, Mode, Qwen2, Qwen2Config};
+use concord::sample::{
+    sample_groups, sample_requests, Completion, FinishReason, GroupRequest, SamplingParams,
+};
+
+/// A tiny model with peaky next-token distributions (scaled embeddings), so greedy
+/// choices are well separated and stop tokens actually get sampled.
+fn tiny_model(seed: u64) -> Qwen2 {
+    let cfg = Qwen2Config::tiny();
+    let mut w = random_weights(&cfg, seed, DType::F32, &Device::Cpu).unwrap();
+    let e = w["model.embed_tokens.weight"].clone();
+    w.insert("model.embed_tokens.weight".into(), (e * 8.0).unwrap());
+    Qwen2::new(&cfg, &w, None).unwrap()
+}
+
+fn decoder() -> impl Fn(&[u32]) -> anyhow::Result<String> {
+    |ids: &[u32]| Ok(ids.iter().map(|i| format!("<{i}>")).collect())
+}
+
+fn prompts() -> Vec<Vec<u32>> {
+    vec![
+        vec![1, 5, 9, 200, 17, 3],
+        vec![42, 7],
+        vec![300, 301, 302, 11, 12, 13, 14, 15, 99, 100],
+        vec![8, 8, 8, 400],
+    ]
+}
+
+/// Greedy continuation by full recomputation (no cache), one sequence at a time.
+fn naive_greedy(model: &Qwen2, prompt: &[u32], n: usize) -> Vec<u32> {
+    let mut seq = prompt.to_vec();
+    for _ in 0..n {
+        let ids = Tensor::from_vec(seq.clone(), (1, seq.len()), &Device::Cpu).unwrap();
+        let h = model.forward(&ids, None, Mode::Detached).unwrap();
+        let l = model
+            .last_logits(&h)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1::<f32>()
+            .unwrap();
+        let best = (0..l.len()).fold(0, |b, i| if l[i] > l[b] { i } else { b });
+        seq.push(best as u32);
+    }
+    seq[prompt.len()..].to_vec()
+}
+
+fn alone(
+    model: &Qwen2,
+    prompt: &[u32],
+    p: usize,
+    j: usize,
+    params: &SamplingParams,
+    seed: u64,
+) -> Completion {
+    let dec = decoder();
+    let req = [GroupRequest {
+        prompt,
+        num: 1,
+        stream_prompt: p,
+        first_sample: j,
+    }];
+    let (mut out, _) = sample_requests(model, &dec, &req, params, seed).unwrap();
+    out.remove(0).remove(0)
+}
+
+#[test]
+fn greedy_batched_equals_single_sequence_path() {
+    let model = tiny_model(1);
+    let dec = decoder();
+    let params = SamplingParams::greedy(12);
+    let ps = prompts();
+    let out = sample_groups(&model, &dec, &ps, 2, &params, 0).unwrap();
+    for (i, p) in ps.iter().enumerate() {
+        let want = naive_greedy(&model, p, 12);
+        assert_eq!(out[i].len(), 2);
+        for c in &out[i] {
+            assert_eq!(c.ids, want, "prompt {i}");
+            assert_eq!(c.finish_reason, FinishReason::Length);
+            assert!(c.sample_logprobs.iter().all(|&x| x == 0.0));
+        }
+    }
+}
+
+#[test]
+fn every_row_matches_sampling_it_alone() {
+    let model = tiny_model(2);
+    let dec = decoder();
+    // stop tokens make rows finish at different steps, exercising batch compaction
+    let params = SamplingParams {
+        temperature: 1.5,
+        top_k: 40,
+        top_p: 0.95,
+        max_new_tokens: 10,
+        stop_token_ids: (0..512).step_by(9).collect(),
+        ..Default::default()
+    };
+    let ps = prompts();
+    let out = sample_groups(&model, &dec, &ps, 8, &params, 1234).unwrap();
+    let mut lengths = std::collections::BTreeSet::new();
+    for (i, p) in ps.iter().enumerate() {
+        assert_eq!(out[i].len(), 8);
+        for (j, c) in out[i].iter().enumerate() {
+            let a = alone(&model, p, i, j, &params, 1234);
+            assert_eq!(c.ids, a.ids, "prompt {i} sample {j}");
+            assert_eq!(c.finish_reason, a.finish_reason);
+            lengths.insert(c.ids.len());
+            for (x, y) in c.sample_logprobs.iter().zip(&a.sample_logprobs) {
+                assert!((x - y).abs() < 1e-4);
+            }
+        }
+        // the G completions of a prompt differ (independent streams)
+        let distinct: std::collections::BTreeSet<_> =
+            out[i].iter().map(|c| c.ids.clone()).collect();
+        assert!(distinct.len() > 1, "{:?}", out[i]);
+    }
+    assert!(
+        lengths.len() > 2,
+        "rows should finish at different steps: {lengths:?}"
+    );
+    // same seed, same result; other seed, other result
+    let again = sample_groups(&model, &dec, &ps, 8, &params, 1234).unwrap();
+    assert_eq!(again, out);
+    let other = sample_groups(&model, &dec, &ps, 8, &params, 99).unwrap();
+    assert_ne!(other, out);
+}
+
+#[test]
+fn recorded_logprobs_match_training_forward() {
+    let model = tiny_model(3);
+    let dec = decoder();
+    let params = SamplingParams {
+        temperature: 1.0,
+        max_new_tokens: 8,
+        ..Default::default()
+    };
+    let ps = prompts();
+    let out = sample_groups(&model, &dec, &ps, 3, &params, 5).unwrap();
+    for (i, p) in ps.iter().enumerate() {
+        for c in &out[i] {
+            let mut seq = p.clone();
+            seq.extend(&c.ids);
+            let ids = Tensor::from_vec(seq.clone(), (1, seq.len()), &Device::Cpu).unwrap();
+            let lp = model
+                .sequence_logprobs(&ids, None, Mode::Detached, 1.0, false)
+                .unwrap();
+            let lp = lp.logprobs.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+            let want = &lp[p.len() - 1..];
+            assert_eq!(want.len(), c.ids.len());
+            for k in 0..want.len() {
+                assert!(
+                    (c.full_logprobs[k] - want[k]).abs() < 1e-4,
+                    "{} vs {}",
+                    c.full_logprobs[k],
+                    want[k]
+                );
+                assert!((c.sample_logprobs[k] - want[k]).abs() < 1e-4);
+            }
+        }
+    }
+    // with temperature and filters, full log-probs are the trainer's at that temperature
+    let params = SamplingParams {
+        temperature: 0.7,
+        top_k: 5,
+        max_new_tokens: 6,
+        ..Default::default()
+    };
+    let out = sample_groups(&model, &dec, &ps[..1], 2, &params, 5).unwrap();
+    let c = &out[0][0];
+    let mut seq = ps[0].clone();
+    seq.extend(&c.ids);
+    let ids = Tensor::from_vec(seq.clone(), (1, seq.len()), &Device::Cpu).unwrap();
+    let lp = model
+        .sequence_logprobs(&ids, None, Mode::Detached, 0.7, false)
+        .unwrap();
+    let lp = lp.logprobs.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+    for k in 0..c.ids.len() {
+        assert!((c.full_logprobs[k] - lp[ps[0].len() - 1 + k]).abs() < 1e-4);
+        assert!(c.sample_logprobs[k] >= c.full_logprobs[k] - 1e-5);
+    }
+}
+
+#[test]
+fn eos_min_new_tokens_and_stop_strings() {
+    let model = tiny_model(4);
+    let dec = decoder();
+    let p = prompts();
+    let greedy = naive_greedy(&model, &p[0], 6);
+    // the 3rd greedy token as a stop token: finish "eos" after 3 tokens, id kept
+    let params = SamplingParams {
+        stop_token_ids: vec![greedy[2]],
+        ..SamplingParams::greedy(6)
+    };
+    let out = sample_groups(&model, &dec, &p[..1], 1, &params, 0).unwrap();
+    let c = &out[0][0];
+    let first = greedy.iter().position(|&t| t == greedy[2]).unwrap();
+    assert_eq!(c.ids, greedy[..=first].to_vec());
+    assert_eq!(c.finish_reason, FinishReason::Eos);
+    assert_eq!(c.text, dec(&greedy[..first]).unwrap());
+    // min_new_tokens suppresses it: never chosen before, so the length is reached
+    let params = SamplingParams {
+        stop_token_ids: vec![greedy[0]],
+        min_new_tokens: 6,
+        ..SamplingParams::greedy(6)
+    };
+    let out = sample_groups(&model, &dec, &p[..1], 1, &params, 0).unwrap();
+    assert!(!out[0][0].ids.contains(&greedy[0]));
+    assert_eq!(out[0][0].ids.len(), 6);
+    // a stop string spanning two tokens ("3><" between tokens 2 and 3 when ids end in 3)
+    let text = dec(&greedy).unwrap();
+    let t1 = dec(&greedy[..1]).unwrap();
+    let stop = text[t1.len() - 2..t1.len() + 2].to_string();
+    let params = SamplingParams {
+        stop_strings: vec![stop.clone()],
+        ..SamplingParams::greedy(6)
+    };
+    let out = sample_groups(&model, &dec, &p[..1], 1, &params, 0).unwrap();
+    let c = &out[0][0];
+    assert_eq!(c.finish_reason, FinishReason::Stop);
+    assert_eq!(c.ids, greedy[..2].to_vec());
+    assert_eq!(c.text, text[..text.find(&stop).unwrap()].to_string());
+}
