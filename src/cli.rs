@@ -21,6 +21,10 @@ pub enum Command {
     Model(crate::model::cli::ModelArgs),
     /// Log-probabilities of a completion given a chat prompt (JSON).
     Score(crate::model::cli::ScoreArgs),
+    /// GRPO training: `concord train --config F [--set k=v]... [--resume DIR]`.
+    Train(crate::grpo::trainer::TrainArgs),
+    /// Benchmarks (`bench train`).
+    Bench(crate::grpo::trainer::BenchArgs),
 }
 
 pub fn main() -> i32 {
@@ -39,5 +43,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Envs(args) => crate::envs::cli::run(args),
         Command::Model(args) => crate::model::cli::run_model(args),
         Command::Score(args) => crate::model::cli::run_score(args),
+        Command::Train(args) => crate::grpo::trainer::run_train(args),
+        Command::Bench(args) => crate::grpo::trainer::run_bench(args),
     }
 }
