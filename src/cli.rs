@@ -21,6 +21,22 @@ pub enum Command {
     Model(crate::model::cli::ModelArgs),
     /// Log-probabilities of a completion given a chat prompt (JSON).
     Score(crate::model::cli::ScoreArgs),
+    /// Sample completions for chat prompts (G per prompt; `--prompts FILE.jsonl` batches).
+    Generate(crate::sample::GenerateArgs),
+    /// Benchmarks (`bench sample`).
+    Bench(BenchArgs),
+}
+
+#[derive(clap::Args)]
+pub struct BenchArgs {
+    #[command(subcommand)]
+    pub command: BenchCommand,
+}
+
+#[derive(Subcommand)]
+pub enum BenchCommand {
+    /// Sampling throughput: tokens/s, prefill tokens/s, peak memory.
+    Sample(crate::sample::BenchSampleArgs),
 }
 
 pub fn main() -> i32 {
@@ -39,5 +55,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Envs(args) => crate::envs::cli::run(args),
         Command::Model(args) => crate::model::cli::run_model(args),
         Command::Score(args) => crate::model::cli::run_score(args),
+        Command::Generate(args) => crate::sample::run_generate(args),
+        Command::Bench(args) => match args.command {
+            BenchCommand::Sample(a) => crate::sample::run_bench_sample(a),
+        },
     }
 }
