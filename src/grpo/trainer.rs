@@ -978,18 +978,6 @@ pub fn run_train(args: TrainArgs) -> Result<()> {
 // ------------------------------------------------------------------------ bench
 
 #[derive(clap::Args, Debug)]
-pub struct BenchArgs {
-    #[command(subcommand)]
-    pub command: BenchCommand,
-}
-
-#[derive(clap::Subcommand, Debug)]
-pub enum BenchCommand {
-    /// LoRA forward + backward throughput of the training pass.
-    Train(BenchTrainArgs),
-}
-
-#[derive(clap::Args, Debug)]
 pub struct BenchTrainArgs {
     /// Model directory or Hub id; `random:0.5b` / `random:tiny` build random weights of
     /// that shape (no download).
@@ -1012,13 +1000,8 @@ pub struct BenchTrainArgs {
     pub json: bool,
 }
 
-pub fn run_bench(args: BenchArgs) -> Result<()> {
-    match args.command {
-        BenchCommand::Train(a) => bench_train(a),
-    }
-}
-
-fn bench_train(a: BenchTrainArgs) -> Result<()> {
+/// `concord bench train`: LoRA forward + backward of a `[batch, seq]` batch.
+pub fn bench_train(a: BenchTrainArgs) -> Result<()> {
     use crate::model::qwen2::{random_weights, Qwen2Config};
     let device = crate::config::parse_device(&a.device)?;
     let dtype = match a.dtype.as_str() {
