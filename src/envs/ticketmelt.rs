@@ -1275,7 +1275,11 @@ Your channel message is shown to everybody next round.",
                 out.push('\n');
             } else {
                 push_num(out, self.rem[k] as i64);
-                out.push_str(" deploys left, deadline round ");
+                out.push_str(if self.rem[k] == 1 {
+                    " deploy left, deadline round "
+                } else {
+                    " deploys left, deadline round "
+                });
                 push_num(out, self.deadline[k] as i64);
                 out.push_str(", spare ");
                 push_num(out, self.spare(k) as i64);
