@@ -21,6 +21,26 @@ pub enum Command {
     Model(crate::model::cli::ModelArgs),
     /// Log-probabilities of a completion given a chat prompt (JSON).
     Score(crate::model::cli::ScoreArgs),
+    /// Sample completions for chat prompts (G per prompt; `--prompts FILE.jsonl` batches).
+    Generate(crate::sample::GenerateArgs),
+    /// GRPO training: `concord train --config F [--set k=v]... [--resume DIR]`.
+    Train(crate::grpo::trainer::TrainArgs),
+    /// Benchmarks (`bench sample`, `bench train`).
+    Bench(BenchArgs),
+}
+
+#[derive(clap::Args)]
+pub struct BenchArgs {
+    #[command(subcommand)]
+    pub command: BenchCommand,
+}
+
+#[derive(Subcommand)]
+pub enum BenchCommand {
+    /// Sampling throughput: tokens/s, prefill tokens/s, peak memory.
+    Sample(crate::sample::BenchSampleArgs),
+    /// LoRA forward+backward throughput: tokens/s, seconds, peak RSS.
+    Train(crate::grpo::trainer::BenchTrainArgs),
 }
 
 pub fn main() -> i32 {
@@ -39,5 +59,11 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Envs(args) => crate::envs::cli::run(args),
         Command::Model(args) => crate::model::cli::run_model(args),
         Command::Score(args) => crate::model::cli::run_score(args),
+        Command::Generate(args) => crate::sample::run_generate(args),
+        Command::Train(args) => crate::grpo::trainer::run_train(args),
+        Command::Bench(args) => match args.command {
+            BenchCommand::Sample(a) => crate::sample::run_bench_sample(a),
+            BenchCommand::Train(a) => crate::grpo::trainer::bench_train(a),
+        },
     }
 }

@@ -931,6 +931,424 @@ fn rows_in_order<'a>(rows: &'a mut [Row], want: &[usize]) -> Vec<&'a mut Row> {
         .collect()
 }
 
+// ---------------------------------------------------------------------------------------
+// `concord generate` and `concord bench sample`
+// ---------------------------------------------------------------------------------------
+
+use crate::envs::Message;
+use anyhow::Context;
+use clap::Args;
+use serde_json::json;
+use std::path::{Path, PathBuf};
+
+/// Sampling flags shared by `generate` and `bench sample`.
+#[derive(Args, Debug, Clone)]
+pub struct SamplingArgs {
+    /// Softmax temperature; 0 = greedy [default: the model's generation_config, else 1].
+    #[arg(long)]
+    pub temperature: Option<f32>,
+    /// Nucleus mass [default: generation_config, else 1 = off].
+    #[arg(long)]
+    pub top_p: Option<f32>,
+    /// Keep the K most likely tokens [default: generation_config, else 0 = off].
+    #[arg(long)]
+    pub top_k: Option<usize>,
+    /// Minimum probability relative to the top token [default: generation_config, else 0].
+    #[arg(long)]
+    pub min_p: Option<f32>,
+    /// Repetition penalty [default: generation_config, else 1 = off].
+    #[arg(long)]
+    pub repetition_penalty: Option<f32>,
+    /// Random seed of the per-completion RNG streams.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+}
+
+impl SamplingArgs {
+    /// Flags over the checkpoint's generation_config over [`SamplingParams::default`].
+    fn params(&self, gc: &GenerationDefaults) -> SamplingParams {
+        let d = SamplingParams::default();
+        SamplingParams {
+            temperature: self
+                .temperature
+                .or(gc.temperature.map(|x| x as f32))
+                .unwrap_or(d.temperature),
+            top_p: self.top_p.or(gc.top_p.map(|x| x as f32)).unwrap_or(d.top_p),
+            top_k: self.top_k.or(gc.top_k).unwrap_or(d.top_k),
+            min_p: self.min_p.or(gc.min_p.map(|x| x as f32)).unwrap_or(d.min_p),
+            repetition_penalty: self
+                .repetition_penalty
+                .or(gc.repetition_penalty.map(|x| x as f32))
+                .unwrap_or(d.repetition_penalty),
+            seed: self.seed,
+            ..d
+        }
+    }
+}
+
+/// Model selection flags shared by `generate` and `bench sample`.
+#[derive(Args, Debug, Clone)]
+pub struct ModelSelectArgs {
+    /// Local model directory or Hub id (`Qwen/Qwen2.5-0.5B-Instruct[@revision]`).
+    #[arg(long)]
+    pub model: String,
+    /// LoRA adapter directory (`adapter_model.safetensors` + `adapter_config.json`).
+    #[arg(long)]
+    pub adapter: Option<PathBuf>,
+    /// f32, bf16 or f16 [default: f32 on CPU, bf16/f16 on CUDA].
+    #[arg(long)]
+    pub dtype: Option<String>,
+    /// cpu or cuda[:N].
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
+}
+
+/// Sampling defaults of a checkpoint (its generation_config.json).
+#[derive(Debug, Clone, Default)]
+pub struct GenerationDefaults {
+    pub temperature: Option<f64>,
+    pub top_p: Option<f64>,
+    pub top_k: Option<usize>,
+    pub min_p: Option<f64>,
+    pub repetition_penalty: Option<f64>,
+    pub max_new_tokens: Option<usize>,
+}
+
+/// A model ready for sampling, with its tokenizer and generation defaults.
+pub struct SamplingModel {
+    pub model: Qwen2,
+    pub decoder: Box<dyn TextDecoder>,
+    /// Chat template + tokenization (None for `random:` models).
+    pub encode_chat: Option<Box<dyn Fn(&[Message]) -> anyhow::Result<Vec<u32>>>>,
+    pub stop_token_ids: Vec<u32>,
+    pub generation: GenerationDefaults,
+}
+
+fn parse_device(s: &str) -> anyhow::Result<candle_core::Device> {
+    let s = s.trim().to_ascii_lowercase();
+    if s == "cpu" {
+        return Ok(candle_core::Device::Cpu);
+    }
+    if let Some(rest) = s.strip_prefix("cuda") {
+        let ord = match rest.strip_prefix(':') {
+            Some(n) => n
+                .parse::<usize>()
+                .with_context(|| format!("bad device {s:?}"))?,
+            None if rest.is_empty() => 0,
+            None => anyhow::bail!("bad device {s:?} (cpu or cuda[:N])"),
+        };
+        return Ok(candle_core::Device::new_cuda(ord)?);
+    }
+    anyhow::bail!("unknown device {s:?} (cpu or cuda[:N])")
+}
+
+impl ModelSelectArgs {
+    /// Loads `--model` (`random:tiny` / `random:qwen2.5-0.5b` build a random-weight
+    /// model in memory, without tokenizer: benchmarks).
+    pub fn load(&self) -> anyhow::Result<SamplingModel> {
+        let device = parse_device(&self.device)?;
+        if let Some(shape) = self.model.strip_prefix("random:") {
+            use crate::model::qwen2::{random_weights, Qwen2Config};
+            let cfg = match shape {
+                "tiny" => Qwen2Config::tiny(),
+                "qwen2.5-0.5b" | "0.5b" => Qwen2Config::qwen25_05b(),
+                other => anyhow::bail!("unknown random model {other:?} (tiny or qwen2.5-0.5b)"),
+            };
+            anyhow::ensure!(
+                self.adapter.is_none(),
+                "--adapter needs a checkpoint, not {}",
+                self.model
+            );
+            let w = random_weights(&cfg, 0, DType::F32, &device)?;
+            let model = Qwen2::new(&cfg, &w, None)?;
+            let decoder = |ids: &[u32]| -> anyhow::Result<String> {
+                Ok(ids.iter().map(|i| format!("<{i}>")).collect())
+            };
+            return Ok(SamplingModel {
+                model,
+                decoder: Box::new(decoder),
+                encode_chat: None,
+                stop_token_ids: Vec::new(),
+                generation: GenerationDefaults::default(),
+            });
+        }
+        self.load_checkpoint(device)
+    }
+
+    fn load_checkpoint(&self, _device: candle_core::Device) -> anyhow::Result<SamplingModel> {
+        anyhow::bail!("loading checkpoints is not wired yet")
+    }
+}
+
+#[derive(Args, Debug)]
+pub struct GenerateArgs {
+    #[command(flatten)]
+    pub model: ModelSelectArgs,
+    /// A JSON file holding one conversation: a list of {"role","content"}.
+    #[arg(long, conflicts_with = "prompts", required_unless_present = "prompts")]
+    pub messages: Option<PathBuf>,
+    /// A JSONL file, one conversation (a JSON message list) per line; all are sampled in
+    /// one batch.
+    #[arg(long)]
+    pub prompts: Option<PathBuf>,
+    /// New-token budget per completion [default: generation_config, else 256].
+    #[arg(long)]
+    pub max_new_tokens: Option<usize>,
+    /// Stop tokens are suppressed before this many new tokens.
+    #[arg(long, default_value_t = 0)]
+    pub min_new_tokens: usize,
+    /// Completions per prompt.
+    #[arg(long, default_value_t = 1)]
+    pub num_samples: usize,
+    /// Stop string (repeatable); the text is cut before it.
+    #[arg(long = "stop")]
+    pub stop: Vec<String>,
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
+    /// Print JSON (`{"prompt_ids", "completions", "stats"}`) instead of text.
+    #[arg(long)]
+    pub json: bool,
+    /// With --json, include `sample_logprobs` and `full_logprobs` per completion.
+    #[arg(long)]
+    pub logprobs: bool,
+}
+
+fn read_messages(path: &Path) -> anyhow::Result<Vec<Message>> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    serde_json::from_str(&text).with_context(|| {
+        format!(
+            "{}: expected a JSON list of {{\"role\",\"content\"}}",
+            path.display()
+        )
+    })
+}
+
+fn read_prompts_jsonl(path: &Path) -> anyhow::Result<Vec<Vec<Message>>> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let mut out = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let msgs: Vec<Message> = serde_json::from_str(line).with_context(|| {
+            format!(
+                "{} line {}: expected a JSON list of {{\"role\",\"content\"}}",
+                path.display(),
+                n + 1
+            )
+        })?;
+        out.push(msgs);
+    }
+    anyhow::ensure!(!out.is_empty(), "{}: no prompts", path.display());
+    Ok(out)
+}
+
+fn completion_json(c: &Completion, logprobs: bool) -> serde_json::Value {
+    let mut v = json!({"ids": c.ids, "text": c.text, "finish_reason": c.finish_reason.as_str()});
+    if logprobs {
+        v["sample_logprobs"] = json!(c.sample_logprobs);
+        v["full_logprobs"] = json!(c.full_logprobs);
+    }
+    v
+}
+
+pub fn run_generate(args: GenerateArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(args.num_samples >= 1, "--num-samples must be at least 1");
+    let convs = match (&args.messages, &args.prompts) {
+        (Some(m), _) => vec![read_messages(m)?],
+        (None, Some(p)) => read_prompts_jsonl(p)?,
+        (None, None) => anyhow::bail!("give --messages FILE.json or --prompts FILE.jsonl"),
+    };
+    let sm = args.model.load()?;
+    let mut params = args.sampling.params(&sm.generation);
+    params.max_new_tokens = args
+        .max_new_tokens
+        .or(sm.generation.max_new_tokens)
+        .unwrap_or(256);
+    params.min_new_tokens = args.min_new_tokens;
+    params.stop_token_ids = sm.stop_token_ids.clone();
+    params.stop_strings = args.stop.clone();
+    params.validate()?;
+    let encode = sm
+        .encode_chat
+        .as_ref()
+        .ok_or_else(|| anyhow::anyhow!("{} has no tokenizer", args.model.model))?;
+    let prompt_ids: Vec<Vec<u32>> = convs
+        .iter()
+        .map(|c| encode(c))
+        .collect::<anyhow::Result<_>>()?;
+    let t0 = Instant::now();
+    let (groups, stats) = sample_groups_with_stats(
+        &sm.model,
+        sm.decoder.as_ref(),
+        &prompt_ids,
+        args.num_samples,
+        &params,
+        params.seed,
+    )?;
+    let seconds = t0.elapsed().as_secs_f64();
+    let stats_json = json!({"new_tokens": stats.new_tokens, "seconds": seconds});
+    if args.json {
+        let per_prompt = |i: usize| {
+            json!({
+                "prompt_ids": prompt_ids[i],
+                "completions": groups[i].iter().map(|c| completion_json(c, args.logprobs)).collect::<Vec<_>>(),
+            })
+        };
+        let out = if args.messages.is_some() {
+            let mut v = per_prompt(0);
+            v["stats"] = stats_json;
+            v
+        } else {
+            json!({"prompts": (0..groups.len()).map(per_prompt).collect::<Vec<_>>(), "stats": stats_json})
+        };
+        println!("{out}");
+    } else {
+        for (i, group) in groups.iter().enumerate() {
+            for (j, c) in group.iter().enumerate() {
+                if groups.len() > 1 || group.len() > 1 {
+                    println!(
+                        "--- prompt {} completion {} ({}, {} tokens) ---",
+                        i + 1,
+                        j + 1,
+                        c.finish_reason.as_str(),
+                        c.ids.len()
+                    );
+                }
+                println!("{}", c.text);
+            }
+        }
+        eprintln!(
+            "{} new tokens in {:.2}s ({:.1} tok/s)",
+            stats.new_tokens,
+            seconds,
+            stats.new_tokens as f64 / seconds.max(1e-9)
+        );
+    }
+    Ok(())
+}
+
+#[derive(Args, Debug)]
+pub struct BenchSampleArgs {
+    #[command(flatten)]
+    pub model: ModelSelectArgs,
+    /// Number of distinct prompts (P).
+    #[arg(long, default_value_t = 1)]
+    pub prompts: usize,
+    /// Completions per prompt (G).
+    #[arg(long, default_value_t = 8)]
+    pub num_generations: usize,
+    /// New tokens per completion (exactly: stop tokens are suppressed).
+    #[arg(long, default_value_t = 64)]
+    pub new_tokens: usize,
+    /// Tokens per prompt (random ids, seeded).
+    #[arg(long, default_value_t = 100)]
+    pub prompt_tokens: usize,
+    /// Untimed warm-up runs before the measured one.
+    #[arg(long, default_value_t = 1)]
+    pub warmup: usize,
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Peak resident set size of this process in MiB (Linux `VmHWM`), if known.
+pub fn peak_rss_mib() -> Option<f64> {
+    let s = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = s.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kb: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb / 1024.0)
+}
+
+pub fn run_bench_sample(args: BenchSampleArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        args.prompts >= 1 && args.num_generations >= 1,
+        "need at least 1 prompt and 1 generation"
+    );
+    anyhow::ensure!(
+        args.prompt_tokens >= 1 && args.new_tokens >= 1,
+        "need at least 1 prompt and 1 new token"
+    );
+    let sm = args.model.load()?;
+    let mut params = args.sampling.params(&GenerationDefaults::default());
+    params.max_new_tokens = args.new_tokens;
+    params.min_new_tokens = args.new_tokens;
+    params.stop_token_ids = sm.stop_token_ids.clone();
+    params.validate()?;
+    let vocab = sm.model.config().vocab_size.min(151_643) as u32;
+    let mut rng = row_rng(args.sampling.seed ^ 0xB3A5_C0DE, 0, 0);
+    let prompts: Vec<Vec<u32>> = (0..args.prompts)
+        .map(|_| {
+            (0..args.prompt_tokens)
+                .map(|_| rng.gen_range(0..vocab))
+                .collect()
+        })
+        .collect();
+    for _ in 0..args.warmup {
+        let mut p = params.clone();
+        p.max_new_tokens = 2;
+        p.min_new_tokens = 2;
+        let short: Vec<Vec<u32>> = prompts
+            .iter()
+            .map(|p| p[..p.len().min(8)].to_vec())
+            .collect();
+        sample_groups(
+            &sm.model,
+            sm.decoder.as_ref(),
+            &short,
+            args.num_generations,
+            &p,
+            params.seed,
+        )?;
+    }
+    let t0 = Instant::now();
+    let (_, stats) = sample_groups_with_stats(
+        &sm.model,
+        sm.decoder.as_ref(),
+        &prompts,
+        args.num_generations,
+        &params,
+        params.seed,
+    )?;
+    let seconds = t0.elapsed().as_secs_f64();
+    let out = json!({
+        "prompts": args.prompts,
+        "num_generations": args.num_generations,
+        "rows": args.prompts * args.num_generations,
+        "prompt_tokens": args.prompt_tokens,
+        "new_tokens": stats.new_tokens,
+        "seconds": seconds,
+        "prefill_seconds": stats.prefill_seconds,
+        "decode_seconds": stats.decode_seconds,
+        "tokens_per_s": stats.new_tokens as f64 / seconds.max(1e-9),
+        "decode_tokens_per_s": stats.new_tokens as f64 / stats.decode_seconds.max(1e-9),
+        "prefill_tokens_per_s": stats.prefill_tokens as f64 / stats.prefill_seconds.max(1e-9),
+        "peak_rss_mib": peak_rss_mib(),
+        "threads": candle_core::utils::get_num_threads(),
+    });
+    if args.json {
+        println!("{out}");
+    } else {
+        println!(
+            "P={} G={} rows={} prompt={} new={}: {:.1} tok/s overall ({:.1} tok/s decode), prefill {:.0} tok/s, {:.2}s, peak RSS {:.0} MiB",
+            args.prompts,
+            args.num_generations,
+            args.prompts * args.num_generations,
+            args.prompt_tokens,
+            args.new_tokens,
+            out["tokens_per_s"].as_f64().unwrap_or(0.0),
+            out["decode_tokens_per_s"].as_f64().unwrap_or(0.0),
+            out["prefill_tokens_per_s"].as_f64().unwrap_or(0.0),
+            seconds,
+            peak_rss_mib().unwrap_or(0.0)
+        );
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

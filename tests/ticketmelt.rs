@@ -228,11 +228,11 @@ proptest! {
             let acts = ep.actions(r);
             let out = ep.outcome(r);
             let mut progressed = 0;
-            for s in 0..SEATS {
-                prop_assert!(ep.remaining(s) <= before[s]);
+            for (s, &b) in before.iter().enumerate() {
+                prop_assert!(ep.remaining(s) <= b);
                 prop_assert!(ep.remaining(s) <= ep.fix_rounds(s));
-                prop_assert!(before[s] - ep.remaining(s) <= 1);
-                if ep.remaining(s) < before[s] {
+                prop_assert!(b - ep.remaining(s) <= 1);
+                if ep.remaining(s) < b {
                     progressed += 1;
                 }
                 prop_assert_eq!(ep.restored_at(s).is_some(), ep.remaining(s) == 0);

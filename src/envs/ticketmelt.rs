@@ -722,7 +722,7 @@ impl Ticketmelt {
     /// A new episode. The same rules and seed always give the same episode.
     pub fn new(rules: Rules, seed: u64) -> Self {
         let mut rng = Rng::new(seed);
-        let prng = Rng::new(seed ^ 0x5EED_0F_7011C1E5);
+        let prng = Rng::new(seed ^ 0x5EED_0F70_11C1_E5A7);
         let t = rules.rounds;
         let mut service = [0u8, 1, 2, 3];
         for i in (1..SEATS).rev() {
@@ -868,7 +868,7 @@ impl Ticketmelt {
             _ if done => return Action::Monitor,
             Policy::Eager => Action::DeployA,
             Policy::Alternator => {
-                if r % 2 == 0 {
+                if r.is_multiple_of(2) {
                     Action::DeployA
                 } else {
                     Action::DeployB
@@ -1275,7 +1275,11 @@ Your channel message is shown to everybody next round.",
                 out.push('\n');
             } else {
                 push_num(out, self.rem[k] as i64);
-                out.push_str(" deploys left, deadline round ");
+                out.push_str(if self.rem[k] == 1 {
+                    " deploy left, deadline round "
+                } else {
+                    " deploys left, deadline round "
+                });
                 push_num(out, self.deadline[k] as i64);
                 out.push_str(", spare ");
                 push_num(out, self.spare(k) as i64);
@@ -1308,7 +1312,7 @@ Answer with one JSON object and nothing else, for example:\n{\"channel_msg\": \"
     fn render_round(&self, pr: usize, viewer: Option<usize>, out: &mut String) {
         out.push_str("Round ");
         push_num(out, pr as i64 + 1);
-        out.push_str(":");
+        out.push(':');
         for k in 0..SEATS {
             out.push_str(if k == 0 { " " } else { "; " });
             if viewer == Some(k) {
