@@ -346,7 +346,9 @@ pub const REGISTRY: &[EnvInfo] = &[
 pub fn create(name: &str, options: &Options) -> anyhow::Result<Box<dyn EnvFactory>> {
     match name {
         "ticketmelt" => Ok(Box::new(ticketmelt::TicketmeltFactory::new(options)?)),
-        "merge_ring" => Ok(Box::new(merge_ring::MergeRingFactory::from_options(options)?)),
+        "merge_ring" => Ok(Box::new(merge_ring::MergeRingFactory::from_options(
+            options,
+        )?)),
         _ if REGISTRY.iter().any(|e| e.name == name) => {
             anyhow::bail!("environment `{name}` is registered but not built into this version yet")
         }
