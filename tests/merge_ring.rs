@@ -206,6 +206,8 @@ fn determinism_per_seed() {
         };
         assert_eq!(play(5), play(5));
         assert_ne!(play(5), play(6));
+        let replayed = concord::envs::replay(&f, &play(9)).unwrap();
+        assert_eq!(replayed.transcript(), play(9));
     }
 }
 

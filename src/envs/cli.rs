@@ -52,8 +52,6 @@ impl EnvOpts {
 pub enum EnvsCommand {
     /// List the registered environments.
     List,
-    /// Exact reachable state graph of merge_ring (`--agents N [--materialize] --json`).
-    Graph(super::merge_ring::GraphArgs),
     /// Rules, actions, rewards and options of an environment.
     Describe {
         name: String,
@@ -109,6 +107,8 @@ pub enum EnvsCommand {
         #[command(flatten)]
         opts: EnvOpts,
     },
+    /// Exact reachable state graph of merge_ring (`--agents N [--materialize] --json`).
+    Graph(super::merge_ring::GraphArgs),
 }
 
 pub fn run(args: EnvsArgs) -> anyhow::Result<()> {

@@ -475,6 +475,8 @@ pub struct MergeRing {
     signal_parsed: Vec<Option<ParseOutcome>>,
     history: Vec<EpisodeRecord>,
     counts: Vec<Counts>,
+    /// Policy-seat texts of every `step` (for replay; warm-up moves excluded).
+    steps: Vec<Vec<String>>,
 }
 
 const NON_MONOTONE: [[usize; 3]; 4] = [[0, 2, 1], [1, 0, 2], [1, 2, 0], [2, 0, 1]];
@@ -541,6 +543,7 @@ impl MergeRing {
             signal_parsed: vec![None; n],
             history: Vec::new(),
             counts: vec![[[0.0; 3]; 3]; n],
+            steps: Vec::new(),
         };
         env.start_episode();
         while env.episode < env.cfg.warmup {
@@ -937,6 +940,7 @@ impl Environment for MergeRing {
                 seats
             );
         }
+        self.steps.push(actions.to_vec());
         self.resolve(actions);
         Ok(())
     }
@@ -988,6 +992,7 @@ impl Environment for MergeRing {
             "seed": self.seed,
             "config": &*self.cfg,
             "schedule": self.schedule,
+            "steps": self.steps,
             "episodes": self.history,
             "current": {
                 "episode": self.episode,
@@ -1000,6 +1005,51 @@ impl Environment for MergeRing {
     }
     fn clone_box(&self) -> Box<dyn Environment> {
         Box::new(self.clone())
+    }
+    fn render_state(&self) -> String {
+        let mut out = String::new();
+        for rec in &self.history {
+            let cells: Vec<String> = (0..self.cfg.agents)
+                .map(|i| {
+                    format!(
+                        "{i}:{}->{}{}",
+                        rec.signals[i].as_str(),
+                        rec.commitments[i].as_str(),
+                        if rec.collisions[i] { "!" } else { "" }
+                    )
+                })
+                .collect();
+            out.push_str(&format!(
+                "{} {} (early priority: {} vehicles): {}\n",
+                if rec.warmup { "warm-up" } else { "episode" },
+                rec.episode,
+                if rec.parity == 0 { "even" } else { "odd" },
+                cells.join("  ")
+            ));
+        }
+        match self.phase {
+            Phase::Done => out.push_str("session over"),
+            Phase::Signal => out.push_str(&format!(
+                "episode {} (early priority: {} vehicles): signal phase",
+                self.episode,
+                if self.parity == 0 { "even" } else { "odd" }
+            )),
+            Phase::Commit => {
+                let sig: Vec<String> = self
+                    .signals
+                    .iter()
+                    .enumerate()
+                    .map(|(i, a)| format!("{i}:{}", a.as_str()))
+                    .collect();
+                out.push_str(&format!(
+                    "episode {} (early priority: {} vehicles): commit phase, signals {}",
+                    self.episode,
+                    if self.parity == 0 { "even" } else { "odd" },
+                    sig.join("  ")
+                ));
+            }
+        }
+        out
     }
 }
 

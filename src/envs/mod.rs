@@ -345,10 +345,10 @@ pub const REGISTRY: &[EnvInfo] = &[
 /// Build the factory for a registry name with its options.
 pub fn create(name: &str, options: &Options) -> anyhow::Result<Box<dyn EnvFactory>> {
     match name {
+        "ticketmelt" => Ok(Box::new(ticketmelt::TicketmeltFactory::new(options)?)),
         "merge_ring" => Ok(Box::new(merge_ring::MergeRingFactory::from_options(
             options,
         )?)),
-        "ticketmelt" => Ok(Box::new(ticketmelt::TicketmeltFactory::new(options)?)),
         _ if REGISTRY.iter().any(|e| e.name == name) => {
             anyhow::bail!("environment `{name}` is registered but not built into this version yet")
         }
