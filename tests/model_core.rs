@@ -587,7 +587,10 @@ fn weight_validation_names_the_tensor() {
 #[test]
 #[ignore]
 fn bench_05b_fwd_bwd() {
-    let c = Qwen2Config::qwen25_05b();
+    let mut c = Qwen2Config::qwen25_05b();
+    if let Ok(l) = std::env::var("BENCH_LAYERS") {
+        c.num_hidden_layers = l.parse().unwrap();
+    }
     let t0 = std::time::Instant::now();
     let w = random_weights(&c, 1, DType::F32, &Device::Cpu).unwrap();
     let l = LoraConfig {
@@ -603,7 +606,7 @@ fn bench_05b_fwd_bwd() {
         .map(|_| (0..160).map(|_| rng.gen_range(0..151_000u32)).collect())
         .collect();
     let ids = ids_tensor(&rows);
-    for _ in 0..2 {
+    for _ in 0..1 {
         let t0 = std::time::Instant::now();
         let h = model.forward(&ids, None, Mode::Grad).unwrap();
         let t1 = t0.elapsed().as_secs_f64();
