@@ -587,7 +587,10 @@ fn weight_validation_names_the_tensor() {
 #[test]
 #[ignore]
 fn bench_05b_fwd_bwd() {
-    let c = Qwen2Config::qwen25_05b();
+    let mut c = Qwen2Config::qwen25_05b();
+    if let Ok(l) = std::env::var("BENCH_LAYERS") {
+        c.num_hidden_layers = l.parse().unwrap();
+    }
     let t0 = std::time::Instant::now();
     let w = random_weights(&c, 1, DType::F32, &Device::Cpu).unwrap();
     let l = LoraConfig {
@@ -603,7 +606,7 @@ fn bench_05b_fwd_bwd() {
         .map(|_| (0..160).map(|_| rng.gen_range(0..151_000u32)).collect())
         .collect();
     let ids = ids_tensor(&rows);
-    for _ in 0..2 {
+    for _ in 0..1 {
         let t0 = std::time::Instant::now();
         let h = model.forward(&ids, None, Mode::Grad).unwrap();
         let t1 = t0.elapsed().as_secs_f64();
@@ -633,4 +636,61 @@ fn bench_05b_fwd_bwd() {
             t0.elapsed().as_secs_f64()
         );
     }
+}
+
+/// Parity with transformers + peft on a tiny model made by a developer script (not a CI
+/// dependency): `PARITY_DIR` holds `base/model.safetensors`, `adapter/` (saved by peft)
+/// and `expected.json` (`ids`, `base` and `lora` log-probs, `temperature`).
+#[test]
+#[ignore]
+fn parity_with_transformers_dir() {
+    let Ok(dir) = std::env::var("PARITY_DIR") else {
+        return;
+    };
+    let dir = std::path::PathBuf::from(dir);
+    let w: Weights =
+        candle_core::safetensors::load(dir.join("base/model.safetensors"), &Device::Cpu).unwrap();
+    let exp: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("expected.json")).unwrap()).unwrap();
+    let ids: Vec<u32> = exp["ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect();
+    let temp = exp["temperature"].as_f64().unwrap();
+    let ids = ids_tensor(&[ids]);
+    let mut model = Qwen2::new(&cfg(), &w, None).unwrap();
+    let check = |m: &Qwen2, key: &str| {
+        let lp: Vec<f32> = m
+            .sequence_logprobs(&ids, None, Mode::Detached, temp, false)
+            .unwrap()
+            .logprobs
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap();
+        let want: Vec<f64> = exp[key]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_f64().unwrap())
+            .collect();
+        let d = lp
+            .iter()
+            .zip(&want)
+            .map(|(a, b)| (*a as f64 - b).abs())
+            .fold(0.0, f64::max);
+        eprintln!("{key}: max |dlogprob| = {d:.2e}");
+        assert!(d <= 1e-3, "{key}: {d}");
+    };
+    check(&model, "base");
+    model.load_adapter(&dir.join("adapter")).unwrap();
+    check(&model, "lora");
+    // Re-save with Concord, for the script to load with peft.
+    model
+        .save_adapter(&dir.join("concord_adapter"), "tiny")
+        .unwrap();
+    model.set_adapter_enabled(false);
+    check(&model, "base");
 }
