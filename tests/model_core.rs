@@ -2,6 +2,7 @@
 //! log-probs, PEFT round trip, adapter switch, half-precision bases.
 use candle_core::{DType, Device, IndexOp, Tensor, Var, D};
 use concord::model::lora::{LoraConfig, LORA_TARGETS};
+use concord::model::ops;
 use concord::model::qwen2::{random_weights, Mode, Qwen2, Qwen2Config, Weights};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -93,7 +94,8 @@ fn loss_of(model: &Qwen2, mode: Mode) -> Tensor {
         })
         .collect();
     let w = Tensor::from_vec(w, (2, t - 1), &Device::Cpu).unwrap();
-    (lp * w).unwrap().sum_all().unwrap()
+    // ops::mul: a plain `lp * w` would also store a gradient for the constant `w`.
+    ops::mul(&lp, &w).unwrap().sum_all().unwrap()
 }
 
 #[test]
@@ -148,13 +150,25 @@ fn finite_differences_agree_with_lora_gradient() {
     let mut rng = ChaCha8Rng::seed_from_u64(11);
     for which in ["lora_A", "lora_B"] {
         let chosen: Vec<&(String, Var)> = vars.iter().filter(|(n, _)| n.contains(which)).collect();
+        // Direction: the gradient scaled to max |d| = 1, times a random factor in [0.5, 1].
         let dirs: Vec<Tensor> = chosen
             .iter()
             .map(|(_, v)| {
-                let vals: Vec<f32> = (0..v.elem_count())
-                    .map(|_| rng.gen::<f32>() * 2.0 - 1.0)
+                let g = grads.get(v.as_tensor()).unwrap();
+                let m = g
+                    .abs()
+                    .unwrap()
+                    .flatten_all()
+                    .unwrap()
+                    .max(0)
+                    .unwrap()
+                    .to_scalar::<f32>()
+                    .unwrap();
+                let r: Vec<f32> = (0..v.elem_count())
+                    .map(|_| 0.5 + 0.5 * rng.gen::<f32>())
                     .collect();
-                Tensor::from_vec(vals, v.shape(), &Device::Cpu).unwrap()
+                let r = Tensor::from_vec(r, v.shape(), &Device::Cpu).unwrap();
+                ((g / m.max(1e-12) as f64).unwrap() * r).unwrap()
             })
             .collect();
         let analytic: f64 = chosen
@@ -174,7 +188,9 @@ fn finite_differences_agree_with_lora_gradient() {
             .iter()
             .map(|(_, v)| v.as_detached_tensor().copy().unwrap())
             .collect();
-        let eps = 1e-2;
+        let eps: f64 = std::env::var("FD_EPS")
+            .map(|s| s.parse().unwrap())
+            .unwrap_or(1e-3);
         let eval = |sign: f64| -> f64 {
             for (((_, v), d), o) in chosen.iter().zip(&dirs).zip(&orig) {
                 v.set(&(o + (d * (sign * eps)).unwrap()).unwrap()).unwrap();
@@ -186,6 +202,7 @@ fn finite_differences_agree_with_lora_gradient() {
             v.set(o).unwrap();
         }
         let rel = (fd - analytic).abs() / analytic.abs().max(1e-3);
+        eprintln!("{which}: finite diff {fd} analytic {analytic} rel {rel:.2e}");
         assert!(
             rel < 1e-2,
             "{which}: finite diff {fd} vs analytic {analytic} (rel {rel})"
@@ -208,7 +225,7 @@ fn padded_batch_equals_unpadded_rows() {
         .iter()
         .map(|r| {
             let h = model
-                .forward(&ids_tensor(&[r.clone()]), None, Mode::Detached)
+                .forward(&ids_tensor(std::slice::from_ref(r)), None, Mode::Detached)
                 .unwrap();
             model.logits(&h).unwrap().i(0).unwrap()
         })
@@ -269,7 +286,7 @@ fn kv_cache_decoding_equals_full_forward() {
     let first = model.last_logits(&h).unwrap();
     for (bi, p) in prompts.iter().enumerate() {
         let hf = model
-            .forward(&ids_tensor(&[p.clone()]), None, Mode::Detached)
+            .forward(&ids_tensor(std::slice::from_ref(p)), None, Mode::Detached)
             .unwrap();
         let d = max_abs_diff(
             &first.i(bi).unwrap(),
@@ -304,7 +321,7 @@ fn kv_cache_decoding_equals_full_forward() {
             }
             s.push(next[r]);
             let hf = model
-                .forward(&ids_tensor(&[s.clone()]), None, Mode::Detached)
+                .forward(&ids_tensor(std::slice::from_ref(s)), None, Mode::Detached)
                 .unwrap();
             let want = model.last_logits(&hf).unwrap().i(0).unwrap();
             let d = max_abs_diff(&logits.i(r).unwrap(), &want);
@@ -332,7 +349,13 @@ fn chunked_logprobs_equal_log_softmax_values_and_gradients() {
     let h = model.forward(&ids, None, Mode::Grad).unwrap();
     let logits = (model.logits(&h.narrow(1, 0, 7).unwrap()).unwrap() / temp).unwrap();
     let logsm = candle_nn::ops::log_softmax(&logits, D::Minus1).unwrap();
-    let tg = ids.narrow(1, 1, 7).unwrap().unsqueeze(2).unwrap();
+    let tg = ids
+        .narrow(1, 1, 7)
+        .unwrap()
+        .contiguous()
+        .unwrap()
+        .unsqueeze(2)
+        .unwrap();
     let want = logsm.gather(&tg, 2).unwrap().squeeze(2).unwrap();
     assert!(max_abs_diff(&lp.logprobs, &want) < 1e-5);
     let p = logsm.exp().unwrap();
@@ -420,16 +443,16 @@ fn peft_save_load_round_trip_and_disabled_adapter_is_base() {
     let mut loaded = Qwen2::new(&cfg(), &w, None).unwrap();
     loaded.load_adapter(dir.path()).unwrap();
     assert_eq!(loaded.lora_config().unwrap().r, 4);
-    assert!(max_abs_diff(&lp(&loaded), &with) == 0.0);
+    assert!(max_abs_diff(&lp(&loaded), &with) < 1e-6);
 
     // Disabled adapter == base model; enabled differs.
     let base = Qwen2::new(&cfg(), &w, None).unwrap();
     let base_lp = lp(&base);
     assert!(max_abs_diff(&with, &base_lp) > 1e-4);
     model.set_adapter_enabled(false);
-    assert!(max_abs_diff(&lp(&model), &base_lp) == 0.0);
+    assert!(max_abs_diff(&lp(&model), &base_lp) < 1e-6);
     model.set_adapter_enabled(true);
-    assert!(max_abs_diff(&lp(&model), &with) == 0.0);
+    assert!(max_abs_diff(&lp(&model), &with) < 1e-6);
 
     // Loading validates shapes and names the tensor.
     let mut bad = serde_json::from_str::<serde_json::Value>(
@@ -467,7 +490,7 @@ fn fresh_peft_init_is_identity_and_deterministic() {
         .sequence_logprobs(&ids, None, Mode::Detached, 1.0, false)
         .unwrap()
         .logprobs;
-    assert!(max_abs_diff(&l1, &l2) == 0.0);
+    assert!(max_abs_diff(&l1, &l2) < 1e-6);
 }
 
 #[test]
@@ -564,7 +587,10 @@ fn weight_validation_names_the_tensor() {
 #[test]
 #[ignore]
 fn bench_05b_fwd_bwd() {
-    let c = Qwen2Config::qwen25_05b();
+    let mut c = Qwen2Config::qwen25_05b();
+    if let Ok(l) = std::env::var("BENCH_LAYERS") {
+        c.num_hidden_layers = l.parse().unwrap();
+    }
     let t0 = std::time::Instant::now();
     let w = random_weights(&c, 1, DType::F32, &Device::Cpu).unwrap();
     let l = LoraConfig {
@@ -580,7 +606,7 @@ fn bench_05b_fwd_bwd() {
         .map(|_| (0..160).map(|_| rng.gen_range(0..151_000u32)).collect())
         .collect();
     let ids = ids_tensor(&rows);
-    for _ in 0..2 {
+    for _ in 0..1 {
         let t0 = std::time::Instant::now();
         let h = model.forward(&ids, None, Mode::Grad).unwrap();
         let t1 = t0.elapsed().as_secs_f64();
@@ -610,4 +636,61 @@ fn bench_05b_fwd_bwd() {
             t0.elapsed().as_secs_f64()
         );
     }
+}
+
+/// Parity with transformers + peft on a tiny model made by a developer script (not a CI
+/// dependency): `PARITY_DIR` holds `base/model.safetensors`, `adapter/` (saved by peft)
+/// and `expected.json` (`ids`, `base` and `lora` log-probs, `temperature`).
+#[test]
+#[ignore]
+fn parity_with_transformers_dir() {
+    let Ok(dir) = std::env::var("PARITY_DIR") else {
+        return;
+    };
+    let dir = std::path::PathBuf::from(dir);
+    let w: Weights =
+        candle_core::safetensors::load(dir.join("base/model.safetensors"), &Device::Cpu).unwrap();
+    let exp: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("expected.json")).unwrap()).unwrap();
+    let ids: Vec<u32> = exp["ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect();
+    let temp = exp["temperature"].as_f64().unwrap();
+    let ids = ids_tensor(&[ids]);
+    let mut model = Qwen2::new(&cfg(), &w, None).unwrap();
+    let check = |m: &Qwen2, key: &str| {
+        let lp: Vec<f32> = m
+            .sequence_logprobs(&ids, None, Mode::Detached, temp, false)
+            .unwrap()
+            .logprobs
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap();
+        let want: Vec<f64> = exp[key]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_f64().unwrap())
+            .collect();
+        let d = lp
+            .iter()
+            .zip(&want)
+            .map(|(a, b)| (*a as f64 - b).abs())
+            .fold(0.0, f64::max);
+        eprintln!("{key}: max |dlogprob| = {d:.2e}");
+        assert!(d <= 1e-3, "{key}: {d}");
+    };
+    check(&model, "base");
+    model.load_adapter(&dir.join("adapter")).unwrap();
+    check(&model, "lora");
+    // Re-save with Concord, for the script to load with peft.
+    model
+        .save_adapter(&dir.join("concord_adapter"), "tiny")
+        .unwrap();
+    model.set_adapter_enabled(false);
+    check(&model, "base");
 }

@@ -350,9 +350,12 @@ pub fn save_peft(
     Ok(())
 }
 
+/// `(shape, f32 values)` of a tensor read from an adapter file.
+pub type PeftTensor = (Vec<usize>, Vec<f32>);
+
 /// Read every tensor of `dir/adapter_model.safetensors` as f32 `(shape, values)`.
 /// PEFT keys with a `.default` adapter segment are not supported.
-pub fn read_peft_tensors(dir: &Path) -> Result<HashMap<String, (Vec<usize>, Vec<f32>)>> {
+pub fn read_peft_tensors(dir: &Path) -> Result<HashMap<String, PeftTensor>> {
     let p = dir.join(ADAPTER_WEIGHTS);
     let bytes = std::fs::read(&p).with_context(|| format!("reading {}", p.display()))?;
     let st = safetensors::SafeTensors::deserialize(&bytes)

@@ -404,7 +404,7 @@ pub fn masked_softmax(scores: &Tensor, mask: &Tensor, scale: f64) -> Result<Tens
     let dtype = scores.dtype();
     let (b, kvh, gt, tk) = scores.dims4()?;
     let tq = mask.dim(3)?;
-    if tq == 0 || gt % tq != 0 {
+    if tq == 0 || !gt.is_multiple_of(tq) {
         candle_core::bail!(
             "masked_softmax: scores {:?} vs mask {:?}",
             scores.shape(),
@@ -576,7 +576,7 @@ mod tests {
         let y2 = reference(x.as_tensor()).unwrap();
         assert!(diff(&y1, &y2) < 1e-5, "values differ: {}", diff(&y1, &y2));
         let w = rand(y1.dims(), 2);
-        let g1 = (&y1 * &w).unwrap().sum_all().unwrap().backward().unwrap();
+        let g1 = mul(&y1, &w).unwrap().sum_all().unwrap().backward().unwrap();
         let g2 = (&y2 * &w).unwrap().sum_all().unwrap().backward().unwrap();
         let (a, b) = (
             g1.get(x.as_tensor()).unwrap(),

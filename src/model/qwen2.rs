@@ -92,7 +92,7 @@ impl Qwen2Config {
         }
         if c.num_attention_heads == 0
             || c.num_key_value_heads == 0
-            || c.num_attention_heads % c.num_key_value_heads != 0
+            || !c.num_attention_heads.is_multiple_of(c.num_key_value_heads)
         {
             bail!(
                 "config: num_attention_heads ({}) must be a positive multiple of num_key_value_heads ({})",
@@ -100,7 +100,7 @@ impl Qwen2Config {
                 c.num_key_value_heads
             );
         }
-        if c.head_dim == 0 || c.head_dim % 2 != 0 {
+        if c.head_dim == 0 || !c.head_dim.is_multiple_of(2) {
             bail!("config: head_dim must be even and > 0 (got {})", c.head_dim);
         }
         Ok(())
@@ -317,7 +317,7 @@ impl KvCache {
     /// Each row repeated `g` times consecutively: rows `[0,0,..,1,1,..]`.
     pub fn repeat_rows(&self, g: usize) -> Result<KvCache> {
         let rows: Vec<usize> = (0..self.batch)
-            .flat_map(|r| std::iter::repeat(r).take(g))
+            .flat_map(|r| std::iter::repeat_n(r, g))
             .collect();
         self.select_rows(&rows)
     }
