@@ -283,11 +283,12 @@ pub fn run_score(args: ScoreArgs) -> Result<()> {
         &device,
     )?;
     let (prompt_ids, completion_ids, logprobs) = score(&m, &messages, &args.completion)?;
-    let out = serde_json::json!({
-        "prompt_ids": prompt_ids,
-        "completion_ids": completion_ids,
-        "logprobs": logprobs,
-    });
-    println!("{}", serde_json::to_string(&out)?);
+    // Keys in the documented order (prompt_ids, completion_ids, logprobs).
+    println!(
+        "{{\"prompt_ids\":{},\"completion_ids\":{},\"logprobs\":{}}}",
+        serde_json::to_string(&prompt_ids)?,
+        serde_json::to_string(&completion_ids)?,
+        serde_json::to_string(&logprobs)?
+    );
     Ok(())
 }
