@@ -367,3 +367,22 @@ fn resume_writes_the_same_rows() {
     let b_ad = std::fs::read(dir.path().join("part/adapter_model.safetensors")).unwrap();
     assert_eq!(a_ad, b_ad);
 }
+
+/// `cargo test --test grpo_train bench_train -- --ignored --nocapture`: the numbers of
+/// `concord bench train --model random:0.5b --batch 8 --seq 160 --json`.
+#[test]
+#[ignore = "benchmark (minutes on CPU)"]
+fn bench_train_random_05b() {
+    let model = std::env::var("CONCORD_BENCH_MODEL").unwrap_or_else(|_| "random:0.5b".into());
+    concord::grpo::trainer::bench_train(concord::grpo::trainer::BenchTrainArgs {
+        model,
+        batch: 8,
+        seq: 160,
+        iters: 1,
+        dtype: "f32".into(),
+        device: "cpu".into(),
+        r: 16,
+        json: true,
+    })
+    .unwrap();
+}
