@@ -386,3 +386,36 @@ fn bench_train_random_05b() {
     })
     .unwrap();
 }
+
+/// The quickstart config end to end (built-in tiny model created on first use, real
+/// TICKETMELT prompts through the chat template): `cargo test --test grpo_train
+/// quickstart -- --ignored`.
+#[test]
+#[ignore = "end to end, about a minute on CPU"]
+fn quickstart_config_trains() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = Path::new(env!("CARGO_MANIFEST_DIR")).join("configs/quickstart.toml");
+    let t0 = std::time::Instant::now();
+    concord::grpo::trainer::run_train(concord::grpo::trainer::TrainArgs {
+        config: Some(cfg),
+        sets: vec![
+            format!("run.output_dir={}", dir.path().display()),
+            format!("model.name={}", dir.path().join("tiny").display()),
+            "run.steps=3".into(),
+            "run.save_every=2".into(),
+        ],
+        resume: None,
+    })
+    .unwrap();
+    eprintln!("quickstart: 3 steps in {:.1}s", t0.elapsed().as_secs_f64());
+    let run = dir.path().join("quickstart");
+    let (h, rows) = read_csv(&run.join("training_log.csv"));
+    assert_eq!(rows.len(), 3);
+    assert!(h.iter().any(|c| c.starts_with("rewards/")), "{h:?}");
+    assert!(run.join("checkpoint-2/optimizer.safetensors").exists());
+    assert!(run.join("adapter_model.safetensors").exists());
+    eprintln!(
+        "{}",
+        std::fs::read_to_string(run.join("training_log.csv")).unwrap()
+    );
+}

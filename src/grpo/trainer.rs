@@ -333,7 +333,10 @@ pub fn load_model(cfg: &Config) -> Result<(Qwen2, Box<dyn Renderer>, String)> {
     let name = cfg.model.name.clone();
     if cfg.model.init_tiny && !Path::new(&name).join("config.json").exists() {
         eprintln!("creating the built-in tiny model in {name}");
-        crate::model::load::tiny::init_tiny(&crate::model::load::tiny::TinySpec::default(), Path::new(&name))?;
+        crate::model::load::tiny::init_tiny(
+            &crate::model::load::tiny::TinySpec::default(),
+            Path::new(&name),
+        )?;
     }
     let mref = ModelRef::parse(&name)?;
     let ck = load_checkpoint(&mref, Some(cfg.model.dtype.to_candle()), &device)
@@ -1050,7 +1053,11 @@ pub fn bench_train(a: BenchTrainArgs) -> Result<()> {
     };
     let model = match a.model.as_str() {
         "random:0.5b" | "random:tiny" => {
-            let cfg = if a.model == "random:0.5b" { Qwen2Config::qwen25_05b() } else { Qwen2Config::tiny() };
+            let cfg = if a.model == "random:0.5b" {
+                Qwen2Config::qwen25_05b()
+            } else {
+                Qwen2Config::tiny()
+            };
             let w = random_weights(&cfg, 0, dtype, &device)?;
             Qwen2::new(&cfg, &w, Some(&lora))?
         }
