@@ -367,3 +367,55 @@ fn resume_writes_the_same_rows() {
     let b_ad = std::fs::read(dir.path().join("part/adapter_model.safetensors")).unwrap();
     assert_eq!(a_ad, b_ad);
 }
+
+/// `cargo test --test grpo_train bench_train -- --ignored --nocapture`: the numbers of
+/// `concord bench train --model random:0.5b --batch 8 --seq 160 --json`.
+#[test]
+#[ignore = "benchmark (minutes on CPU)"]
+fn bench_train_random_05b() {
+    let model = std::env::var("CONCORD_BENCH_MODEL").unwrap_or_else(|_| "random:0.5b".into());
+    concord::grpo::trainer::bench_train(concord::grpo::trainer::BenchTrainArgs {
+        model,
+        batch: 8,
+        seq: 160,
+        iters: 1,
+        dtype: "f32".into(),
+        device: "cpu".into(),
+        r: 16,
+        json: true,
+    })
+    .unwrap();
+}
+
+/// The quickstart config end to end (built-in tiny model created on first use, real
+/// TICKETMELT prompts through the chat template): `cargo test --test grpo_train
+/// quickstart -- --ignored`.
+#[test]
+#[ignore = "end to end, about a minute on CPU"]
+fn quickstart_config_trains() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = Path::new(env!("CARGO_MANIFEST_DIR")).join("configs/quickstart.toml");
+    let t0 = std::time::Instant::now();
+    concord::grpo::trainer::run_train(concord::grpo::trainer::TrainArgs {
+        config: Some(cfg),
+        sets: vec![
+            format!("run.output_dir={}", dir.path().display()),
+            format!("model.name={}", dir.path().join("tiny").display()),
+            "run.steps=3".into(),
+            "run.save_every=2".into(),
+        ],
+        resume: None,
+    })
+    .unwrap();
+    eprintln!("quickstart: 3 steps in {:.1}s", t0.elapsed().as_secs_f64());
+    let run = dir.path().join("quickstart");
+    let (h, rows) = read_csv(&run.join("training_log.csv"));
+    assert_eq!(rows.len(), 3);
+    assert!(h.iter().any(|c| c.starts_with("rewards/")), "{h:?}");
+    assert!(run.join("checkpoint-2/optimizer.safetensors").exists());
+    assert!(run.join("adapter_model.safetensors").exists());
+    eprintln!(
+        "{}",
+        std::fs::read_to_string(run.join("training_log.csv")).unwrap()
+    );
+}

@@ -307,12 +307,42 @@ pub fn lora_config(cfg: &Config) -> LoraConfig {
     }
 }
 
-/// Load the configured model with a fresh LoRA adapter, and its renderer.
+/// The model's tokenizer and chat template as a [`Renderer`].
+pub struct TokenizerRenderer(pub crate::model::tokenizer::Tokenizer);
+
+impl Renderer for TokenizerRenderer {
+    fn render(&self, messages: &[Message]) -> Result<(String, Vec<u32>)> {
+        let text = self.0.apply_chat_template(messages, true)?;
+        let ids = self.0.encode(&text)?;
+        Ok((text, ids))
+    }
+    fn decode(&self, ids: &[u32]) -> Result<String> {
+        self.0.decode(ids)
+    }
+    fn stop_ids(&self) -> Vec<u32> {
+        self.0.stop_token_ids().to_vec()
+    }
+}
+
+/// Load (creating the built-in tiny model first when `model.init_tiny` and the
+/// directory is absent) the configured model with a fresh LoRA adapter, and its
+/// renderer.
 pub fn load_model(cfg: &Config) -> Result<(Qwen2, Box<dyn Renderer>, String)> {
-    bail!(
-        "loading model `{}` needs the checkpoint loader (branch `load`), not merged here yet",
-        cfg.model.name
-    )
+    use crate::model::load::{load_checkpoint, ModelRef};
+    let device = cfg.model.candle_device()?;
+    let name = cfg.model.name.clone();
+    if cfg.model.init_tiny && !Path::new(&name).join("config.json").exists() {
+        eprintln!("creating the built-in tiny model in {name}");
+        crate::model::load::tiny::init_tiny(
+            &crate::model::load::tiny::TinySpec::default(),
+            Path::new(&name),
+        )?;
+    }
+    let mref = ModelRef::parse(&name)?;
+    let ck = load_checkpoint(&mref, Some(cfg.model.dtype.to_candle()), &device)
+        .with_context(|| format!("loading model {name}"))?;
+    let model = Qwen2::new(&ck.config, &ck.weights, Some(&lora_config(cfg)))?;
+    Ok((model, Box::new(TokenizerRenderer(ck.tokenizer)), name))
 }
 
 impl Trainer {
@@ -1023,11 +1053,19 @@ pub fn bench_train(a: BenchTrainArgs) -> Result<()> {
     };
     let model = match a.model.as_str() {
         "random:0.5b" | "random:tiny" => {
-            let cfg = if a.model == "random:0.5b" { Qwen2Config::qwen25_05b() } else { Qwen2Config::tiny() };
+            let cfg = if a.model == "random:0.5b" {
+                Qwen2Config::qwen25_05b()
+            } else {
+                Qwen2Config::tiny()
+            };
             let w = random_weights(&cfg, 0, dtype, &device)?;
             Qwen2::new(&cfg, &w, Some(&lora))?
         }
-        name => bail!("--model {name}: only random:0.5b and random:tiny until the checkpoint loader is merged"),
+        name => {
+            let mref = crate::model::load::ModelRef::parse(name)?;
+            let ck = crate::model::load::load_checkpoint(&mref, Some(dtype), &device)?;
+            Qwen2::new(&ck.config, &ck.weights, Some(&lora))?
+        }
     };
     // B (nonzero) LoRA B so the adapter path is not trivially zero.
     for (_, v) in model.lora_vars() {
