@@ -463,9 +463,18 @@ fn nucleus_len(idx: &[u32], l: &[f32], m: f32, inv_t: f32, need: f64) -> usize {
 fn kth_largest(l: &[f32], k: usize) -> f32 {
     use std::cmp::Reverse;
     use std::collections::BinaryHeap;
-    #[derive(PartialEq, PartialOrd)]
     struct F(f32);
+    impl PartialEq for F {
+        fn eq(&self, o: &Self) -> bool {
+            self.0.total_cmp(&o.0).is_eq()
+        }
+    }
     impl Eq for F {}
+    impl PartialOrd for F {
+        fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
+            Some(self.cmp(o))
+        }
+    }
     impl Ord for F {
         fn cmp(&self, o: &Self) -> std::cmp::Ordering {
             self.0.total_cmp(&o.0)
@@ -1014,12 +1023,15 @@ pub struct GenerationDefaults {
     pub max_new_tokens: Option<usize>,
 }
 
+/// Chat template + tokenization of a conversation (with the generation prompt).
+pub type ChatEncoder = Box<dyn Fn(&[Message]) -> anyhow::Result<Vec<u32>>>;
+
 /// A model ready for sampling, with its tokenizer and generation defaults.
 pub struct SamplingModel {
     pub model: Qwen2,
     pub decoder: Box<dyn TextDecoder>,
     /// Chat template + tokenization (None for `random:` models).
-    pub encode_chat: Option<Box<dyn Fn(&[Message]) -> anyhow::Result<Vec<u32>>>>,
+    pub encode_chat: Option<ChatEncoder>,
     pub stop_token_ids: Vec<u32>,
     pub generation: GenerationDefaults,
 }

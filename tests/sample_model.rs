@@ -149,14 +149,13 @@ fn recorded_logprobs_match_training_forward() {
             let lp = lp.logprobs.flatten_all().unwrap().to_vec1::<f32>().unwrap();
             let want = &lp[p.len() - 1..];
             assert_eq!(want.len(), c.ids.len());
-            for k in 0..want.len() {
+            for (k, w) in want.iter().enumerate() {
                 assert!(
-                    (c.full_logprobs[k] - want[k]).abs() < 1e-4,
-                    "{} vs {}",
-                    c.full_logprobs[k],
-                    want[k]
+                    (c.full_logprobs[k] - w).abs() < 1e-4,
+                    "{} vs {w}",
+                    c.full_logprobs[k]
                 );
-                assert!((c.sample_logprobs[k] - want[k]).abs() < 1e-4);
+                assert!((c.sample_logprobs[k] - w).abs() < 1e-4);
             }
         }
     }
