@@ -1,0 +1,332 @@
+#!/usr/bin/env python3
+"""Parity fixtures: what Hugging Face transformers + peft compute for Concord's tiny models.
+
+A developer tool (never a CI or runtime dependency). Run from the repository root:
+
+    cargo build --release
+    /work/main/.venv/bin/python scripts/make_parity_fixtures.py [--concord target/release/concord]
+
+For every tiny model spec below it builds the checkpoint with `concord model init-tiny`
+(deterministic per seed, so the Rust tests rebuild the very same weights instead of
+committing them), loads it in transformers (f32; the bf16 checkpoint is upcast to f32)
+and writes under tests/fixtures/parity/:
+
+  MODEL.json                  spec, per-case prompt/completion ids, log-probs without and
+                              with a peft adapter (nonzero B), greedy continuations, loss
+  MODEL_adapter/              the peft adapter (adapter_model.safetensors + config)
+  MODEL_grads.safetensors     d loss / d lora_{A,B} (f32 models only)
+  chat.json                   chat-template texts and token ids, tiny ChatML template and
+                              the real Qwen3 template (qwen3_tokenizer_config.json)
+
+It then cross-checks Concord itself: `concord score` against transformers on the same
+inputs, and an adapter saved by Concord (`concord model init-adapter`) loaded in peft
+gives equal log-probs. Those checks print their max deltas and fail loudly; skip them with
+--skip-concord-checks (e.g. before the model forward is built).
+"""
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+import torch
+from safetensors.torch import save_file
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+import peft
+from peft import LoraConfig, PeftModel, get_peft_model
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FIX = os.path.join(ROOT, "tests", "fixtures", "parity")
+
+ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+# Tiny shapes: tied and untied embeddings, GQA ratios 2 / 4 / 1 (MHA) / 4 (MQA), a sharded
+# checkpoint and a bf16 checkpoint. Vocabulary is the real one (151,936) for the real tokenizer.
+MODELS = [
+    dict(name="tied_gqa2", spec=dict(hidden=64, layers=2, heads=4, kv_heads=2, intermediate=128,
+                                     seed=11, dtype="f32", tie=True, shards=1),
+         lora=dict(r=4, alpha=8, targets=ALL, rslora=False), grads=True),
+    dict(name="untied_gqa4", spec=dict(hidden=64, layers=2, heads=8, kv_heads=2, intermediate=96,
+                                       seed=12, dtype="f32", tie=False, shards=1),
+         lora=dict(r=8, alpha=16, targets=["q_proj", "v_proj"], rslora=True), grads=True),
+    dict(name="mha_sharded", spec=dict(hidden=48, layers=3, heads=4, kv_heads=4, intermediate=64,
+                                       seed=13, dtype="f32", tie=False, shards=3),
+         lora=dict(r=2, alpha=4, targets=["o_proj", "gate_proj", "up_proj", "down_proj"],
+                   rslora=False), grads=False),
+    dict(name="bf16_mqa", spec=dict(hidden=64, layers=2, heads=4, kv_heads=1, intermediate=128,
+                                    seed=14, dtype="bf16", tie=True, shards=1),
+         lora=dict(r=4, alpha=8, targets=["q_proj", "k_proj", "v_proj", "o_proj"], rslora=False),
+         grads=False),
+]
+
+# (messages, completion) cases scored by every model.
+CASES = [
+    ([{"role": "user", "content": "Hello!"}], "Hi there, how can I help?"),
+    ([{"role": "system", "content": "You are a terse assistant."},
+      {"role": "user", "content": "What is 2+2?"}], "4"),
+    ([{"role": "user", "content": "Grüße aus Köln — 你好，世界! 🎉"}],
+     "Danke! 谢谢 😊\n\nBis bald."),
+    ([{"role": "system", "content": "Play the merge game."},
+      {"role": "user", "content": "Your move?"},
+      {"role": "assistant", "content": "I pick ring 3."},
+      {"role": "user", "content": "Why?"}], "Because  it   merges\twith ring 2.<|im_end|>"),
+]
+
+# Conversations for the chat-template fixtures (rendered with and without generation prompt).
+CONVERSATIONS = [
+    [{"role": "user", "content": "Hello!"}],
+    [{"role": "system", "content": "You are a terse assistant."},
+     {"role": "user", "content": "What is 2+2?"}],
+    [{"role": "user", "content": "Grüße aus Köln — 你好，世界! 🎉 ñ\u00a0é"}],
+    [{"role": "system", "content": "Play the merge game."},
+     {"role": "user", "content": "Your move?"},
+     {"role": "assistant", "content": "I pick ring 3."},
+     {"role": "user", "content": "Why?"}],
+    [{"role": "user", "content": "  leading spaces\n\n\ntrailing  "},
+     {"role": "assistant", "content": "<think>\nhmm\n</think>\n\nThe answer is 4."},
+     {"role": "user", "content": "And 3+3?"},
+     {"role": "assistant", "content": "6"}],
+    [{"role": "user", "content": "line\r\nbreaks and <|im_start|> literal"},
+     {"role": "assistant", "content": "ok"}],
+]
+
+ENCODE_TEXTS = [
+    "Hello, world!",
+    "  leading spaces and trailing   ",
+    "numbers 1234567 and 3.14159",
+    "line\n\n\nbreaks\r\n\ttabs",
+    "Grüße 你好 🎉 ñ",
+    "<|im_start|>user\nhi<|im_end|>\n<|endoftext|>",
+    "don't won't I'm we'll THEY'RE",
+]
+
+GREEDY_NEW_TOKENS = 10
+
+
+def run(cmd):
+    print("+", " ".join(cmd), file=sys.stderr)
+    return subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+
+
+def init_tiny(concord, spec, out):
+    args = [concord, "model", "init-tiny", "--out", out,
+            "--hidden", str(spec["hidden"]), "--layers", str(spec["layers"]),
+            "--heads", str(spec["heads"]), "--kv-heads", str(spec["kv_heads"]),
+            "--intermediate", str(spec["intermediate"]), "--seed", str(spec["seed"]),
+            "--dtype", spec["dtype"], "--shards", str(spec["shards"]),
+            "--tie" if spec["tie"] else "--no-tie"]
+    run(args)
+
+
+def prompt_ids(tok, messages, template=None):
+    text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
+                                   chat_template=template)
+    return text, tok(text, add_special_tokens=False)["input_ids"]
+
+
+@torch.no_grad()
+def logprobs(model, p_ids, c_ids):
+    ids = torch.tensor([p_ids + c_ids])
+    logits = model(input_ids=ids).logits[0].float()
+    lp = torch.log_softmax(logits, dim=-1)
+    n = len(p_ids)
+    return [lp[n - 1 + i, c].item() for i, c in enumerate(c_ids)]
+
+
+@torch.no_grad()
+def greedy(model, p_ids, n_new):
+    ids = list(p_ids)
+    out, gap = [], float("inf")
+    for _ in range(n_new):
+        logits = model(input_ids=torch.tensor([ids])).logits[0, -1].float()
+        top = torch.topk(logits, 2)
+        gap = min(gap, (top.values[0] - top.values[1]).item())
+        nxt = int(top.indices[0])
+        out.append(nxt)
+        ids.append(nxt)
+    return out, gap
+
+
+def lora_config(lora, base):
+    return LoraConfig(r=lora["r"], lora_alpha=lora["alpha"], target_modules=lora["targets"],
+                      lora_dropout=0.0, bias="none", use_rslora=lora["rslora"],
+                      task_type="CAUSAL_LM", base_model_name_or_path=base)
+
+
+def randomize_b(model, seed):
+    """Nonzero B (peft initialises it to zero) so the adapter changes the output."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in sorted(model.named_parameters()):
+            if "lora_B" in name:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.2)
+
+
+def peft_key(name):
+    # In-model names carry the adapter name (".default"); the saved format does not.
+    return name.replace(".default", "")
+
+
+def make_model_fixture(concord, entry, work):
+    name, spec, lora = entry["name"], entry["spec"], entry["lora"]
+    mdir = os.path.join(work, name)
+    init_tiny(concord, spec, mdir)
+    tok = AutoTokenizer.from_pretrained(mdir)
+    base = AutoModelForCausalLM.from_pretrained(mdir, dtype=torch.float32)
+    base.eval()
+
+    cases = []
+    for messages, completion in CASES:
+        _, p = prompt_ids(tok, messages)
+        c = tok(completion, add_special_tokens=False)["input_ids"]
+        cases.append(dict(messages=messages, completion=completion, prompt_ids=p,
+                          completion_ids=c, logprobs_base=logprobs(base, p, c)))
+    for case in cases:
+        case["greedy_base"], case["greedy_base_min_gap"] = greedy(base, case["prompt_ids"],
+                                                                GREEDY_NEW_TOKENS)
+
+    torch.manual_seed(spec["seed"])
+    pm = get_peft_model(base, lora_config(lora, mdir))
+    randomize_b(pm, spec["seed"] + 1000)
+    pm.eval()
+    for case in cases:
+        case["logprobs_lora"] = logprobs(pm, case["prompt_ids"], case["completion_ids"])
+        case["greedy_lora"], case["greedy_lora_min_gap"] = greedy(pm, case["prompt_ids"],
+                                                                GREEDY_NEW_TOKENS)
+    adir = os.path.join(FIX, f"{name}_adapter")
+    shutil.rmtree(adir, ignore_errors=True)
+    pm.save_pretrained(adir)
+    # The base path is a temporary directory; record the spec instead.
+    cfg_path = os.path.join(adir, "adapter_config.json")
+    with open(cfg_path) as f:
+        acfg = json.load(f)
+    acfg["base_model_name_or_path"] = f"concord-tiny/{name}"
+    with open(cfg_path, "w") as f:
+        json.dump(acfg, f, indent=2, sort_keys=True)
+    readme = os.path.join(adir, "README.md")
+    if os.path.exists(readme):
+        os.remove(readme)
+
+    fixture = dict(name=name, spec=spec, lora=lora, greedy_new_tokens=GREEDY_NEW_TOKENS,
+                   transformers=__import__("transformers").__version__,
+                   peft=peft.__version__, torch=torch.__version__, cases=cases)
+
+    if entry["grads"]:
+        # loss = -(sum of completion log-probs over all cases) / (completion tokens)
+        pm.train()
+        for p in pm.parameters():
+            p.grad = None
+        total = sum(len(c["completion_ids"]) for c in cases)
+        loss = 0.0
+        for case in cases:
+            ids = torch.tensor([case["prompt_ids"] + case["completion_ids"]])
+            lp = torch.log_softmax(pm(input_ids=ids).logits[0].float(), dim=-1)
+            n = len(case["prompt_ids"])
+            tgt = torch.tensor(case["completion_ids"])
+            pos = torch.arange(n - 1, n - 1 + len(tgt))
+            loss = loss - lp[pos, tgt].sum() / total
+        loss.backward()
+        grads = {peft_key(n): p.grad.detach().float().contiguous()
+                 for n, p in pm.named_parameters() if "lora_" in n}
+        save_file(grads, os.path.join(FIX, f"{name}_grads.safetensors"))
+        fixture["grad_loss"] = loss.item()
+        fixture["grad_note"] = ("loss = -(sum over cases of sum_i logprobs_lora[i]) / "
+                                "total completion tokens; grads keyed like the peft file")
+
+    with open(os.path.join(FIX, f"{name}.json"), "w") as f:
+        json.dump(fixture, f, ensure_ascii=False, indent=1)
+    print(f"{name}: {len(cases)} cases, min greedy gap "
+          f"{min(min(c['greedy_base_min_gap'], c['greedy_lora_min_gap']) for c in cases):.4f}",
+          file=sys.stderr)
+    return mdir, base
+
+
+def make_chat_fixture(mdir):
+    tok = AutoTokenizer.from_pretrained(mdir)
+    with open(os.path.join(FIX, "qwen3_tokenizer_config.json")) as f:
+        qwen3_template = json.load(f)["chat_template"]
+    rows = []
+    for conv in CONVERSATIONS:
+        for gen in (True, False):
+            row = dict(messages=conv, add_generation_prompt=gen)
+            for key, template in (("tiny", None), ("qwen3", qwen3_template)):
+                text = tok.apply_chat_template(conv, tokenize=False, add_generation_prompt=gen,
+                                               chat_template=template)
+                row[f"{key}_text"] = text
+                row[f"{key}_ids"] = tok(text, add_special_tokens=False)["input_ids"]
+            rows.append(row)
+    enc = [dict(text=t, ids=tok(t, add_special_tokens=False)["input_ids"]) for t in ENCODE_TEXTS]
+    for e in enc:
+        e["decoded"] = tok.decode(e["ids"])
+    with open(os.path.join(FIX, "chat.json"), "w") as f:
+        json.dump(dict(conversations=rows, encode=enc), f, ensure_ascii=False, indent=1)
+
+
+def concord_checks(concord, entry, mdir, work):
+    """`concord score` vs transformers, and a Concord-saved adapter loaded in peft."""
+    name, spec, lora = entry["name"], entry["spec"], entry["lora"]
+    with open(os.path.join(FIX, f"{name}.json")) as f:
+        fixture = json.load(f)
+    tol = 1e-3 if spec["dtype"] == "f32" else 0.1
+    cdir = os.path.join(work, f"{name}_concord_adapter")
+    run([concord, "model", "init-adapter", "--model", mdir, "--out", cdir,
+         "--r", str(lora["r"]), "--alpha", str(lora["alpha"]),
+         "--targets", ",".join(lora["targets"]), "--seed", str(spec["seed"] + 7),
+         "--b-std", "0.2"] + (["--rslora"] if lora["rslora"] else []))
+    base = AutoModelForCausalLM.from_pretrained(mdir, dtype=torch.float32)
+    pm = PeftModel.from_pretrained(base, cdir)
+    pm.eval()
+    worst = {"score_base": 0.0, "score_concord_adapter": 0.0}
+    for i, case in enumerate(fixture["cases"]):
+        mfile = os.path.join(work, f"{name}_{i}.json")
+        with open(mfile, "w") as f:
+            json.dump(case["messages"], f, ensure_ascii=False)
+        out = json.loads(run([concord, "score", "--model", mdir, "--messages", mfile,
+                              "--completion", case["completion"]]))
+        assert out["prompt_ids"] == case["prompt_ids"], (name, i, "prompt ids")
+        assert out["completion_ids"] == case["completion_ids"], (name, i, "completion ids")
+        d = max(abs(a - b) for a, b in zip(out["logprobs"], case["logprobs_base"]))
+        worst["score_base"] = max(worst["score_base"], d)
+        out = json.loads(run([concord, "score", "--model", mdir, "--adapter", cdir,
+                              "--messages", mfile, "--completion", case["completion"]]))
+        ref = logprobs(pm, case["prompt_ids"], case["completion_ids"])
+        d = max(abs(a - b) for a, b in zip(out["logprobs"], ref))
+        worst["score_concord_adapter"] = max(worst["score_concord_adapter"], d)
+    print(f"{name}: concord checks max |dlogprob| {worst} (tolerance {tol})", file=sys.stderr)
+    for k, v in worst.items():
+        assert v <= tol, f"{name}: {k} max |dlogprob| {v} > {tol}"
+    return worst
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--concord", default=os.path.join(ROOT, "target", "release", "concord"))
+    ap.add_argument("--skip-concord-checks", action="store_true")
+    ap.add_argument("--keep", help="keep the tiny models in this directory")
+    args = ap.parse_args()
+    torch.set_num_threads(max(1, os.cpu_count() or 1))
+    os.makedirs(FIX, exist_ok=True)
+    work = args.keep or tempfile.mkdtemp(prefix="concord-parity-")
+    os.makedirs(work, exist_ok=True)
+    try:
+        dirs = {}
+        for entry in MODELS:
+            dirs[entry["name"]], _ = make_model_fixture(args.concord, entry, work)
+        make_chat_fixture(dirs[MODELS[0]["name"]])
+        report = {}
+        if not args.skip_concord_checks:
+            for entry in MODELS:
+                report[entry["name"]] = concord_checks(args.concord, entry, dirs[entry["name"]],
+                                                       work)
+            with open(os.path.join(FIX, "concord_checks.json"), "w") as f:
+                json.dump(report, f, indent=1)
+    finally:
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
