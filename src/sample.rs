@@ -507,6 +507,12 @@ impl<F: Fn(&[u32]) -> anyhow::Result<String>> TextDecoder for F {
     }
 }
 
+impl TextDecoder for crate::model::tokenizer::Tokenizer {
+    fn decode_ids(&self, ids: &[u32]) -> anyhow::Result<String> {
+        self.decode(ids)
+    }
+}
+
 /// Detects stop strings in a row's decoded text, across token boundaries.
 #[derive(Debug, Clone)]
 pub struct StopMatcher {
@@ -1087,8 +1093,43 @@ impl ModelSelectArgs {
         self.load_checkpoint(device)
     }
 
-    fn load_checkpoint(&self, _device: candle_core::Device) -> anyhow::Result<SamplingModel> {
-        anyhow::bail!("loading checkpoints is not wired yet")
+    fn load_checkpoint(&self, device: candle_core::Device) -> anyhow::Result<SamplingModel> {
+        use crate::model::load;
+        let dtype = match &self.dtype {
+            Some(d) => Some(load::parse_dtype(d, &device)?),
+            None => None,
+        };
+        let mref = load::ModelRef::parse(&self.model)?;
+        let ck = load::load_checkpoint(&mref, dtype, &device)?;
+        let model = match &self.adapter {
+            None => Qwen2::new(&ck.config, &ck.weights, None)?,
+            Some(dir) => {
+                let lcfg = crate::model::lora::LoraConfig::from_peft_dir(dir)?;
+                let mut m = Qwen2::new(&ck.config, &ck.weights, Some(&lcfg))?;
+                m.load_adapter(dir)
+                    .with_context(|| format!("loading adapter {}", dir.display()))?;
+                m
+            }
+        };
+        let gc = &ck.generation_config;
+        let generation = GenerationDefaults {
+            temperature: gc.temperature,
+            top_p: gc.top_p,
+            top_k: gc.top_k,
+            min_p: gc.min_p,
+            repetition_penalty: gc.repetition_penalty,
+            max_new_tokens: gc.max_new_tokens,
+        };
+        let tok = std::sync::Arc::new(ck.tokenizer);
+        let stop_token_ids = tok.stop_token_ids().to_vec();
+        let enc = tok.clone();
+        Ok(SamplingModel {
+            model,
+            decoder: Box::new(move |ids: &[u32]| tok.decode(ids)),
+            encode_chat: Some(Box::new(move |m: &[Message]| enc.encode_chat(m, true))),
+            stop_token_ids,
+            generation,
+        })
     }
 }
 
