@@ -1589,7 +1589,7 @@ mod tests {
         assert!((lps[0].unwrap() - ln(4.0 / 7.0)).abs() < 1e-5);
         // min_p 0.24: keep p >= 0.096 -> {0,1,2,3}
         let p = SamplingParams {
-            min_p: 0.25,
+            min_p: 0.24,
             ..Default::default()
         };
         let (freq, lps) = draw(&l, &p, 20_000);
