@@ -66,7 +66,8 @@ def concord_bench(binary, model_dir, P, G, N, T, top_k, top_p, temperature, seed
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", required=True, help="model directory (e.g. from concord model init-tiny)")
+    ap.add_argument("--model", required=True,
+                    help="model directory (e.g. from concord model init-tiny), or random:qwen2.5-0.5b / random:tiny")
     ap.add_argument("--concord", default="target/release/concord")
     ap.add_argument("--prompts", type=int, nargs="+", default=[1, 4])
     ap.add_argument("--num-generations", type=int, default=8)
@@ -87,7 +88,21 @@ def main():
     torch.set_num_threads(args.threads)
     model = None
     if not args.skip_hf:
-        model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
+        if args.model.startswith("random:"):
+            # same shape as Concord's `random:` models (weights differ; timing does not)
+            from transformers import Qwen2Config
+            shapes = {
+                "tiny": dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                             num_attention_heads=4, num_key_value_heads=2),
+                "qwen2.5-0.5b": dict(vocab_size=151936, hidden_size=896, intermediate_size=4864,
+                                     num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2),
+            }
+            cfg = Qwen2Config(**shapes[args.model.split(":", 1)[1]], tie_word_embeddings=True,
+                              rope_theta=1_000_000.0, rms_norm_eps=1e-6, max_position_embeddings=32768)
+            torch.manual_seed(0)
+            model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+        else:
+            model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
         model.eval()
 
     G, N, T = args.num_generations, args.new_tokens, args.prompt_tokens

@@ -463,9 +463,18 @@ fn nucleus_len(idx: &[u32], l: &[f32], m: f32, inv_t: f32, need: f64) -> usize {
 fn kth_largest(l: &[f32], k: usize) -> f32 {
     use std::cmp::Reverse;
     use std::collections::BinaryHeap;
-    #[derive(PartialEq, PartialOrd)]
     struct F(f32);
+    impl PartialEq for F {
+        fn eq(&self, o: &Self) -> bool {
+            self.0.total_cmp(&o.0).is_eq()
+        }
+    }
     impl Eq for F {}
+    impl PartialOrd for F {
+        fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
+            Some(self.cmp(o))
+        }
+    }
     impl Ord for F {
         fn cmp(&self, o: &Self) -> std::cmp::Ordering {
             self.0.total_cmp(&o.0)
@@ -495,6 +504,12 @@ pub trait TextDecoder {
 impl<F: Fn(&[u32]) -> anyhow::Result<String>> TextDecoder for F {
     fn decode_ids(&self, ids: &[u32]) -> anyhow::Result<String> {
         self(ids)
+    }
+}
+
+impl TextDecoder for crate::model::tokenizer::Tokenizer {
+    fn decode_ids(&self, ids: &[u32]) -> anyhow::Result<String> {
+        self.decode(ids)
     }
 }
 
@@ -1014,12 +1029,15 @@ pub struct GenerationDefaults {
     pub max_new_tokens: Option<usize>,
 }
 
+/// Chat template + tokenization of a conversation (with the generation prompt).
+pub type ChatEncoder = Box<dyn Fn(&[Message]) -> anyhow::Result<Vec<u32>>>;
+
 /// A model ready for sampling, with its tokenizer and generation defaults.
 pub struct SamplingModel {
     pub model: Qwen2,
     pub decoder: Box<dyn TextDecoder>,
     /// Chat template + tokenization (None for `random:` models).
-    pub encode_chat: Option<Box<dyn Fn(&[Message]) -> anyhow::Result<Vec<u32>>>>,
+    pub encode_chat: Option<ChatEncoder>,
     pub stop_token_ids: Vec<u32>,
     pub generation: GenerationDefaults,
 }
@@ -1075,8 +1093,43 @@ impl ModelSelectArgs {
         self.load_checkpoint(device)
     }
 
-    fn load_checkpoint(&self, _device: candle_core::Device) -> anyhow::Result<SamplingModel> {
-        anyhow::bail!("loading checkpoints is not wired yet")
+    fn load_checkpoint(&self, device: candle_core::Device) -> anyhow::Result<SamplingModel> {
+        use crate::model::load;
+        let dtype = match &self.dtype {
+            Some(d) => Some(load::parse_dtype(d, &device)?),
+            None => None,
+        };
+        let mref = load::ModelRef::parse(&self.model)?;
+        let ck = load::load_checkpoint(&mref, dtype, &device)?;
+        let model = match &self.adapter {
+            None => Qwen2::new(&ck.config, &ck.weights, None)?,
+            Some(dir) => {
+                let lcfg = crate::model::lora::LoraConfig::from_peft_dir(dir)?;
+                let mut m = Qwen2::new(&ck.config, &ck.weights, Some(&lcfg))?;
+                m.load_adapter(dir)
+                    .with_context(|| format!("loading adapter {}", dir.display()))?;
+                m
+            }
+        };
+        let gc = &ck.generation_config;
+        let generation = GenerationDefaults {
+            temperature: gc.temperature,
+            top_p: gc.top_p,
+            top_k: gc.top_k,
+            min_p: gc.min_p,
+            repetition_penalty: gc.repetition_penalty,
+            max_new_tokens: gc.max_new_tokens,
+        };
+        let tok = std::sync::Arc::new(ck.tokenizer);
+        let stop_token_ids = tok.stop_token_ids().to_vec();
+        let enc = tok.clone();
+        Ok(SamplingModel {
+            model,
+            decoder: Box::new(move |ids: &[u32]| tok.decode(ids)),
+            encode_chat: Some(Box::new(move |m: &[Message]| enc.encode_chat(m, true))),
+            stop_token_ids,
+            generation,
+        })
     }
 }
 
@@ -1536,7 +1589,7 @@ mod tests {
         assert!((lps[0].unwrap() - ln(4.0 / 7.0)).abs() < 1e-5);
         // min_p 0.24: keep p >= 0.096 -> {0,1,2,3}
         let p = SamplingParams {
-            min_p: 0.25,
+            min_p: 0.24,
             ..Default::default()
         };
         let (freq, lps) = draw(&l, &p, 20_000);

@@ -149,14 +149,13 @@ fn recorded_logprobs_match_training_forward() {
             let lp = lp.logprobs.flatten_all().unwrap().to_vec1::<f32>().unwrap();
             let want = &lp[p.len() - 1..];
             assert_eq!(want.len(), c.ids.len());
-            for k in 0..want.len() {
+            for (k, w) in want.iter().enumerate() {
                 assert!(
-                    (c.full_logprobs[k] - want[k]).abs() < 1e-4,
-                    "{} vs {}",
-                    c.full_logprobs[k],
-                    want[k]
+                    (c.full_logprobs[k] - w).abs() < 1e-4,
+                    "{} vs {w}",
+                    c.full_logprobs[k]
                 );
-                assert!((c.sample_logprobs[k] - want[k]).abs() < 1e-4);
+                assert!((c.sample_logprobs[k] - w).abs() < 1e-4);
             }
         }
     }
@@ -221,4 +220,71 @@ fn eos_min_new_tokens_and_stop_strings() {
     assert_eq!(c.finish_reason, FinishReason::Stop);
     assert_eq!(c.ids, greedy[..2].to_vec());
     assert_eq!(c.text, text[..text.find(&stop).unwrap()].to_string());
+}
+
+#[test]
+fn generate_cli_json_shapes() {
+    let exe = env!("CARGO_BIN_EXE_concord");
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("m");
+    let st = std::process::Command::new(exe)
+        .args(["model", "init-tiny", "--out"])
+        .arg(&model)
+        .output()
+        .unwrap();
+    assert!(
+        st.status.success(),
+        "{}",
+        String::from_utf8_lossy(&st.stderr)
+    );
+    let msgs = dir.path().join("m.json");
+    std::fs::write(&msgs, r#"[{"role":"user","content":"hi"}]"#).unwrap();
+    let jl = dir.path().join("p.jsonl");
+    std::fs::write(
+        &jl,
+        "[{\"role\":\"user\",\"content\":\"a\"}]\n[{\"role\":\"user\",\"content\":\"bcd\"}]\n",
+    )
+    .unwrap();
+    let run = |extra: &[&str]| -> serde_json::Value {
+        let out = std::process::Command::new(exe)
+            .args(["generate", "--model"])
+            .arg(&model)
+            .args([
+                "--max-new-tokens",
+                "3",
+                "--num-samples",
+                "2",
+                "--seed",
+                "1",
+                "--json",
+            ])
+            .args(extra)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let v = run(&["--messages", msgs.to_str().unwrap()]);
+    assert!(v["prompt_ids"].as_array().unwrap().len() > 3);
+    let cs = v["completions"].as_array().unwrap();
+    assert_eq!(cs.len(), 2);
+    for c in cs {
+        assert!(c["ids"].is_array() && c["text"].is_string());
+        let fr = c["finish_reason"].as_str().unwrap();
+        assert!(fr == "eos" || fr == "length" || fr == "stop");
+    }
+    assert!(v["stats"]["new_tokens"].as_u64().is_some());
+    assert!(v["stats"]["seconds"].as_f64().is_some());
+    let v = run(&["--prompts", jl.to_str().unwrap()]);
+    let ps = v["prompts"].as_array().unwrap();
+    assert_eq!(ps.len(), 2);
+    for p in ps {
+        assert!(p["prompt_ids"].is_array());
+        assert_eq!(p["completions"].as_array().unwrap().len(), 2);
+    }
+    assert!(v["stats"]["new_tokens"].as_u64().is_some());
 }
