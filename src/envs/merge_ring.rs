@@ -1008,7 +1008,8 @@ impl Environment for MergeRing {
     }
     fn render_state(&self) -> String {
         let mut out = String::new();
-        for rec in &self.history {
+        // The last finished episode, then where the session stands.
+        if let Some(rec) = self.history.last() {
             let cells: Vec<String> = (0..self.cfg.agents)
                 .map(|i| {
                     format!(
