@@ -521,6 +521,23 @@ fn cuda_compute_major(dev: &candle_core::CudaDevice) -> i32 {
     .unwrap_or(8)
 }
 
+/// bf16 kernels need compute capability 8.0 (Ampere) or newer: refuse it on older cards
+/// (a T4 is sm_75) with advice, instead of failing inside a kernel launch.
+pub fn check_dtype_supported(dtype: DType, device: &Device) -> Result<()> {
+    #[cfg(feature = "cuda")]
+    if let (DType::BF16, Device::Cuda(dev)) = (dtype, device) {
+        let major = cuda_compute_major(dev);
+        if major < 8 {
+            bail!(
+                "bf16 needs a GPU of compute capability 8.0 or newer (A100, H100, RTX 30xx); \
+                 this one is sm_{major}x: use dtype = \"f16\" (or \"f32\")"
+            );
+        }
+    }
+    let _ = (dtype, device);
+    Ok(())
+}
+
 /// `f32` / `bf16` / `f16` (torch spellings accepted); `auto` → [`default_dtype`].
 pub fn parse_dtype(s: &str, device: &Device) -> Result<DType> {
     match s.trim().to_ascii_lowercase().as_str() {
@@ -674,6 +691,7 @@ pub fn load_checkpoint(
         );
     }
     let dtype = dtype.unwrap_or_else(|| default_dtype(device));
+    check_dtype_supported(dtype, device)?;
     let weights = load_weights(&files.weights, &mut config, dtype, device)?;
     Ok(Checkpoint {
         config,
