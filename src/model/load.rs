@@ -551,32 +551,12 @@ pub fn parse_dtype(s: &str, device: &Device) -> Result<DType> {
 
 /// (name, shape) of every tensor a Qwen2 checkpoint must hold (without `lm_head.weight`).
 pub fn expected_shapes(cfg: &Qwen2Config) -> Vec<(String, Vec<usize>)> {
-    let (h, i) = (cfg.hidden_size, cfg.intermediate_size);
-    let q = cfg.num_attention_heads * cfg.head_dim;
-    let kv = cfg.num_key_value_heads * cfg.head_dim;
-    let mut out = vec![(
-        "model.embed_tokens.weight".to_string(),
-        vec![cfg.vocab_size, h],
-    )];
-    for l in 0..cfg.num_hidden_layers {
-        let p = format!("model.layers.{l}");
-        out.extend([
-            (format!("{p}.input_layernorm.weight"), vec![h]),
-            (format!("{p}.self_attn.q_proj.weight"), vec![q, h]),
-            (format!("{p}.self_attn.q_proj.bias"), vec![q]),
-            (format!("{p}.self_attn.k_proj.weight"), vec![kv, h]),
-            (format!("{p}.self_attn.k_proj.bias"), vec![kv]),
-            (format!("{p}.self_attn.v_proj.weight"), vec![kv, h]),
-            (format!("{p}.self_attn.v_proj.bias"), vec![kv]),
-            (format!("{p}.self_attn.o_proj.weight"), vec![h, q]),
-            (format!("{p}.post_attention_layernorm.weight"), vec![h]),
-            (format!("{p}.mlp.gate_proj.weight"), vec![i, h]),
-            (format!("{p}.mlp.up_proj.weight"), vec![i, h]),
-            (format!("{p}.mlp.down_proj.weight"), vec![h, i]),
-        ]);
-    }
-    out.push(("model.norm.weight".to_string(), vec![h]));
-    out
+    // The model's own list, without the optional untied head.
+    let tied = Qwen2Config {
+        tie_word_embeddings: true,
+        ..cfg.clone()
+    };
+    tied.tensor_shapes()
 }
 
 /// Load, check and convert the weights. Sets `cfg.tie_word_embeddings` when the checkpoint
