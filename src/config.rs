@@ -125,21 +125,38 @@ impl ModelConfig {
     }
 }
 
-/// `cpu` or `cuda:N` (also `cuda` = `cuda:0`).
-pub fn parse_device(s: &str) -> Result<candle_core::Device> {
-    if s == "cpu" {
-        return Ok(candle_core::Device::Cpu);
+/// A device name: `cpu`, `auto` (CUDA device 0 when built with CUDA and one is present,
+/// else CPU), `cuda` (= `cuda:0`) or `cuda:N`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeviceName {
+    Cpu,
+    Auto,
+    Cuda(usize),
+}
+
+/// Parse a device name without touching any device (config validation, CLI flags).
+pub fn parse_device_name(s: &str) -> Result<DeviceName> {
+    let t = s.trim().to_ascii_lowercase();
+    match t.as_str() {
+        "cpu" => Ok(DeviceName::Cpu),
+        "auto" => Ok(DeviceName::Auto),
+        "cuda" => Ok(DeviceName::Cuda(0)),
+        _ => match t.strip_prefix("cuda:").map(str::parse::<usize>) {
+            Some(Ok(n)) => Ok(DeviceName::Cuda(n)),
+            _ => bail!("device `{s}`: expected cpu, auto, cuda or cuda:N"),
+        },
     }
-    let ordinal = if s == "cuda" {
-        0
-    } else if let Some(n) = s.strip_prefix("cuda:") {
-        n.parse::<usize>()
-            .map_err(|_| anyhow!("device `{s}`: expected cpu or cuda:N"))?
-    } else {
-        bail!("device `{s}`: expected cpu or cuda:N");
-    };
-    candle_core::Device::new_cuda(ordinal)
-        .with_context(|| format!("device `{s}` (build with `--features cuda` for GPU support)"))
+}
+
+/// The candle device a device name stands for.
+pub fn parse_device(s: &str) -> Result<candle_core::Device> {
+    match parse_device_name(s)? {
+        DeviceName::Cpu => Ok(candle_core::Device::Cpu),
+        DeviceName::Auto => Ok(candle_core::Device::cuda_if_available(0)?),
+        DeviceName::Cuda(n) => candle_core::Device::new_cuda(n).with_context(|| {
+            format!("device `{s}` (build with `--features cuda` for GPU support)")
+        }),
+    }
 }
 
 pub const LORA_TARGETS: [&str; 7] = [
@@ -398,17 +415,8 @@ impl Config {
                 message: "model.name is required (a Hub id, a local directory, or `tiny`)".into(),
             });
         }
-        if !(m.device == "cpu"
-            || m.device == "cuda"
-            || m.device
-                .strip_prefix("cuda:")
-                .is_some_and(|n| n.parse::<usize>().is_ok()))
-        {
-            return Err(err(
-                "model",
-                "device",
-                format!("`{}`: expected cpu or cuda:N", m.device),
-            ));
+        if let Err(e) = parse_device_name(&m.device) {
+            return Err(err("model", "device", e.to_string()));
         }
         let l = &self.lora;
         if l.r == 0 {

@@ -1018,16 +1018,8 @@ pub struct ModelSelectArgs {
     pub device: String,
 }
 
-/// Sampling defaults of a checkpoint (its generation_config.json).
-#[derive(Debug, Clone, Default)]
-pub struct GenerationDefaults {
-    pub temperature: Option<f64>,
-    pub top_p: Option<f64>,
-    pub top_k: Option<usize>,
-    pub min_p: Option<f64>,
-    pub repetition_penalty: Option<f64>,
-    pub max_new_tokens: Option<usize>,
-}
+/// Sampling defaults of a checkpoint: its generation_config.json.
+pub use crate::model::load::GenerationConfig as GenerationDefaults;
 
 /// Chat template + tokenization of a conversation (with the generation prompt).
 pub type ChatEncoder = Box<dyn Fn(&[Message]) -> anyhow::Result<Vec<u32>>>;
@@ -1042,29 +1034,11 @@ pub struct SamplingModel {
     pub generation: GenerationDefaults,
 }
 
-fn parse_device(s: &str) -> anyhow::Result<candle_core::Device> {
-    let s = s.trim().to_ascii_lowercase();
-    if s == "cpu" {
-        return Ok(candle_core::Device::Cpu);
-    }
-    if let Some(rest) = s.strip_prefix("cuda") {
-        let ord = match rest.strip_prefix(':') {
-            Some(n) => n
-                .parse::<usize>()
-                .with_context(|| format!("bad device {s:?}"))?,
-            None if rest.is_empty() => 0,
-            None => anyhow::bail!("bad device {s:?} (cpu or cuda[:N])"),
-        };
-        return Ok(candle_core::Device::new_cuda(ord)?);
-    }
-    anyhow::bail!("unknown device {s:?} (cpu or cuda[:N])")
-}
-
 impl ModelSelectArgs {
     /// Loads `--model` (`random:tiny` / `random:qwen2.5-0.5b` build a random-weight
     /// model in memory, without tokenizer: benchmarks).
     pub fn load(&self) -> anyhow::Result<SamplingModel> {
-        let device = parse_device(&self.device)?;
+        let device = crate::config::parse_device(&self.device)?;
         if let Some(shape) = self.model.strip_prefix("random:") {
             use crate::model::qwen2::{random_weights, Qwen2Config};
             let cfg = match shape {
@@ -1111,15 +1085,7 @@ impl ModelSelectArgs {
                 m
             }
         };
-        let gc = &ck.generation_config;
-        let generation = GenerationDefaults {
-            temperature: gc.temperature,
-            top_p: gc.top_p,
-            top_k: gc.top_k,
-            min_p: gc.min_p,
-            repetition_penalty: gc.repetition_penalty,
-            max_new_tokens: gc.max_new_tokens,
-        };
+        let generation = ck.generation_config.clone();
         let tok = std::sync::Arc::new(ck.tokenizer);
         let stop_token_ids = tok.stop_token_ids().to_vec();
         let enc = tok.clone();

@@ -144,20 +144,6 @@ pub struct ScoreArgs {
     pub device: String,
 }
 
-/// `cpu`, `cuda`, `cuda:N` or `auto`.
-pub fn parse_device(s: &str) -> Result<candle_core::Device> {
-    use candle_core::Device;
-    match s.trim().to_ascii_lowercase().as_str() {
-        "cpu" => Ok(Device::Cpu),
-        "auto" => Ok(Device::cuda_if_available(0)?),
-        "cuda" => Ok(Device::new_cuda(0)?),
-        other => match other.strip_prefix("cuda:").map(str::parse::<usize>) {
-            Some(Ok(i)) => Ok(Device::new_cuda(i)?),
-            _ => anyhow::bail!("unknown device {other:?} (cpu, cuda, cuda:N or auto)"),
-        },
-    }
-}
-
 pub fn run_model(args: ModelArgs) -> Result<()> {
     match args.command {
         ModelCommand::InitAdapter(a) => init_adapter(&a),
@@ -273,7 +259,7 @@ pub fn score(
 }
 
 pub fn run_score(args: ScoreArgs) -> Result<()> {
-    let device = parse_device(&args.device)?;
+    let device = crate::config::parse_device(&args.device)?;
     let dtype = parse_dtype(&args.dtype, &device)?;
     let messages = read_messages(&args.messages)?;
     let m = load_model_with_adapter(
