@@ -5,6 +5,7 @@ pub mod load;
 pub mod lora;
 pub mod ops;
 pub mod qwen2;
+pub mod skinny;
 pub mod tokenizer;
 
 pub use lora::{LoraConfig, LORA_TARGETS};

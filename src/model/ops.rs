@@ -109,6 +109,9 @@ impl CustomOp1 for FrozenLinear {
     fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
         let (ws, wl) = self.w.storage_and_layout();
         let ws = cpu_of(&ws, "frozen_linear weight")?;
+        if let Some(out) = skinny_linear(s, l, ws, wl, self.b.as_ref())? {
+            return Ok(out);
+        }
         match &self.b {
             None => linear_impl(s, l, ws, wl, None),
             Some(b) => {
@@ -139,6 +142,40 @@ impl CustomOp1 for FrozenLinear {
         let gx = g2.matmul(&self.w)?;
         Ok(Some(gx.reshape(arg.shape())?))
     }
+}
+
+/// The decode-step fast path: f32, contiguous, at most [`skinny::MAX_ROWS`] rows.
+fn skinny_linear(
+    s: &CpuStorage,
+    l: &Layout,
+    ws: &CpuStorage,
+    wl: &Layout,
+    b: Option<&Tensor>,
+) -> Result<Option<(CpuStorage, Shape)>> {
+    let (CpuStorage::F32(x), CpuStorage::F32(w)) = (s, ws) else {
+        return Ok(None);
+    };
+    let dims = l.dims();
+    let k = *dims.last().unwrap_or(&0);
+    let m: usize = dims[..dims.len().saturating_sub(1)].iter().product();
+    let (n, k2) = (wl.dims()[0], wl.dims()[1]);
+    if m > super::skinny::MAX_ROWS || k != k2 || !l.is_contiguous() || !wl.is_contiguous() {
+        return Ok(None);
+    }
+    let x = &x[l.start_offset()..l.start_offset() + m * k];
+    let w = &w[wl.start_offset()..wl.start_offset() + n * k];
+    let mut y = super::skinny::matmul_wt(x, w, m, k, n);
+    if let Some(b) = b {
+        let bias = b.to_dtype(DType::F32)?.to_vec1::<f32>()?;
+        for row in y.chunks_exact_mut(n) {
+            for (v, bv) in row.iter_mut().zip(&bias) {
+                *v += bv;
+            }
+        }
+    }
+    let mut out = dims[..dims.len() - 1].to_vec();
+    out.push(n);
+    Ok(Some((CpuStorage::F32(y), Shape::from(out))))
 }
 
 /// `y = x W^T + b` with a frozen `W` `[out, in]` (and optional bias `[out]`): the
