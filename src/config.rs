@@ -30,9 +30,9 @@ pub struct Config {
     /// its environments per stage.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub env: Option<EnvConfig>,
-    /// Curriculum stages (issue 8). Kept verbatim; the curriculum module parses them.
+    /// Curriculum stages (`[[stage]]`, see [`crate::curriculum`]).
     #[serde(default, rename = "stage", skip_serializing_if = "Vec::is_empty")]
-    pub stages: Vec<toml::Table>,
+    pub stages: Vec<crate::curriculum::StageSpec>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -387,7 +387,23 @@ impl Config {
                 (None, false) => anyhow!("{origin}: {}", e.message),
             }
         })?;
+        crate::curriculum::check(&cfg).map_err(|e| {
+            let line = cfg
+                .stages
+                .iter()
+                .position(|s| format!("{e:#}").contains(&format!("`{}`", s.name)))
+                .and_then(|i| stage_line(text, i));
+            match line {
+                Some(l) => anyhow!("{origin}: line {l}: {e:#}"),
+                None => anyhow!("{origin}: {e:#}"),
+            }
+        })?;
         Ok(cfg)
+    }
+
+    /// Range checks only (for configs derived in code, e.g. a stage's overrides).
+    pub fn revalidate(&self) -> Result<()> {
+        self.validate().map_err(|e| anyhow!("{}", e.message))
     }
 
     /// Range and consistency checks (written as `!(x > 0.0)` so NaN fails too).
@@ -672,6 +688,15 @@ fn header_name(line: &str) -> Option<String> {
 }
 
 /// 1-based line where `key` is assigned inside `[section]`, if written plainly.
+/// Line (1-based) of the `i`-th `[[stage]]` header.
+fn stage_line(text: &str, i: usize) -> Option<usize> {
+    text.lines()
+        .enumerate()
+        .filter(|(_, l)| l.trim() == "[[stage]]")
+        .nth(i)
+        .map(|(n, _)| n + 1)
+}
+
 fn find_key_line(text: &str, section: &str, key: &str) -> Option<usize> {
     let mut current = String::new();
     for (i, line) in text.lines().enumerate() {

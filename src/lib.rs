@@ -5,6 +5,7 @@
 //! (the multi-agent environments) and [`config`] (the TOML schema).
 pub mod cli;
 pub mod config;
+pub mod curriculum;
 pub mod envs;
 pub mod grpo;
 pub mod model;

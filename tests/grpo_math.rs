@@ -765,11 +765,21 @@ fn set_overrides() {
 }
 
 #[test]
-fn stage_tables_are_reserved() {
-    let text = "[model]\nname = \"tiny\"\n[[stage]]\nname = \"a\"\nsteps = 3\n[[stage]]\nname = \"b\"\nsteps = 2\n";
+fn stages_stand_in_for_env() {
+    let text = "[model]\nname = \"tiny\"\n[[stage]]\nname = \"a\"\nsteps = 3\nenvs = { ticketmelt = 1.0 }\n[[stage]]\nname = \"b\"\nsteps = 2\nenvs = { merge_ring = 1.0 }\n";
     let c = Config::from_toml_str(text, "s.toml", &[]).unwrap();
     assert_eq!(c.stages.len(), 2);
     assert!(c.env.is_none());
+    // Without [env] a stage must name its environments; the error gives the line.
+    let text = "[model]\nname = \"tiny\"\n[[stage]]\nname = \"a\"\nsteps = 3\n";
+    let e = format!(
+        "{:#}",
+        Config::from_toml_str(text, "s.toml", &[]).unwrap_err()
+    );
+    assert!(
+        e.contains("line 3") && e.contains("`a`") && e.contains("[env]"),
+        "{e}"
+    );
     let text = "[model]\nname = \"tiny\"\n";
     let e = Config::from_toml_str(text, "s.toml", &[])
         .unwrap_err()
@@ -779,14 +789,21 @@ fn stage_tables_are_reserved() {
 
 #[test]
 fn shipped_configs_parse() {
-    for f in [
-        "configs/quickstart.toml",
-        "configs/ticketmelt-qwen2.5-3b.toml",
-    ] {
-        let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(f);
-        let c = Config::load(&p, &[]).unwrap_or_else(|e| panic!("{f}: {e:#}"));
-        assert!(c.run.steps > 0);
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("configs");
+    let mut n = 0;
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let p = entry.unwrap().path();
+        if p.extension().is_some_and(|e| e == "toml") {
+            let c = Config::load(&p, &[]).unwrap_or_else(|e| panic!("{}: {e:#}", p.display()));
+            assert!(c.run.steps > 0);
+            concord::curriculum::build(&c).unwrap_or_else(|e| panic!("{}: {e:#}", p.display()));
+            n += 1;
+        }
     }
+    assert!(n >= 4, "{n} configs");
+    let cur = Config::load(&dir.join("ticketmelt-curriculum.toml"), &[]).unwrap();
+    let names: Vec<&str> = cur.stages.iter().map(|s| s.name.as_str()).collect();
+    assert_eq!(names, ["dumb", "mixed", "diverse"]);
     let p =
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("configs/ticketmelt-qwen2.5-3b.toml");
     let c = Config::load(&p, &[]).unwrap();

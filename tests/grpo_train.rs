@@ -419,3 +419,157 @@ fn quickstart_config_trains() {
         std::fs::read_to_string(run.join("training_log.csv")).unwrap()
     );
 }
+
+fn staged_trainer(cfg: Config, resume: bool) -> Trainer {
+    use concord::curriculum::{Promotion, Stage, StageLength};
+    let mut short = cfg.clone();
+    short.grpo.max_completion_length = 3;
+    let stages = vec![
+        // Unreachable target (rewards are shares <= 1): ends at max_steps.
+        Stage {
+            name: "warm".into(),
+            length: StageLength::Promote {
+                rule: Promotion {
+                    mean_reward: 2.0,
+                    window: 2,
+                },
+                max_steps: Some(3),
+            },
+            cfg: cfg.clone(),
+            task: Box::new(TokenShare),
+        },
+        // Always-met target: promoted as soon as its window is full.
+        Stage {
+            name: "short".into(),
+            length: StageLength::Promote {
+                rule: Promotion {
+                    mean_reward: -1.0,
+                    window: 2,
+                },
+                max_steps: None,
+            },
+            cfg: short,
+            task: Box::new(TokenShare),
+        },
+        Stage {
+            name: "rest".into(),
+            length: StageLength::Open,
+            cfg: cfg.clone(),
+            task: Box::new(TokenShare),
+        },
+    ];
+    let mut t = Trainer::with_stages(
+        cfg,
+        tiny_model(0.0),
+        Box::new(IdRenderer),
+        stages,
+        "tiny-random".into(),
+        resume,
+    )
+    .unwrap();
+    t.hooks.quiet = true;
+    t
+}
+
+fn text_column(header: &[String], rows: &[Vec<String>], name: &str) -> Vec<String> {
+    let i = header.iter().position(|h| h == name).unwrap();
+    rows.iter().map(|r| r[i].clone()).collect()
+}
+
+#[test]
+fn curriculum_stages_switch_where_the_rules_say() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(dir.path(), "staged", 7);
+    cfg.run.save_every = 4;
+    let mut t = staged_trainer(cfg.clone(), false);
+    t.train().unwrap();
+    let (h, rows) = read_csv(&dir.path().join("staged/training_log.csv"));
+    let stages = text_column(&h, &rows, "stage");
+    assert_eq!(
+        stages,
+        ["warm", "warm", "warm", "short", "short", "rest", "rest"]
+    );
+    // The stage's own [grpo] overrides apply to its steps only.
+    let max_len = column(&h, &rows, "completions/max_length");
+    assert!(max_len[3..5].iter().all(|&l| l <= 3.0), "{max_len:?}");
+    assert!(max_len[..3].iter().any(|&l| l > 3.0), "{max_len:?}");
+
+    // Interrupted inside the second stage (checkpoint at 4: one step into `short`),
+    // resumed: the same rows, the same stage switches.
+    let mut part = cfg;
+    part.run.name = "staged-part".into();
+    let mut b = staged_trainer(part.clone(), false);
+    b.hooks.stop_after = Some(5);
+    b.train().unwrap();
+    drop(b);
+    let mut c = staged_trainer(part, true);
+    assert_eq!((c.state.step, c.state.stage), (4, 1));
+    c.train().unwrap();
+    let (hb, rb) = read_csv(&dir.path().join("staged-part/training_log.csv"));
+    assert_eq!(h, hb);
+    for (x, y) in rows.iter().zip(&rb) {
+        for (i, name) in h.iter().enumerate() {
+            if !TIMING_COLUMNS.contains(&name.as_str()) {
+                assert_eq!(x[i], y[i], "column {name} differs at step {}", x[0]);
+            }
+        }
+    }
+}
+
+/// A TOML curriculum through `concord train` on the built-in tiny model with real
+/// environments: two stages mixing TICKETMELT and merge_ring.
+#[test]
+fn toml_curriculum_trains_on_real_environments() {
+    let dir = tempfile::tempdir().unwrap();
+    let toml = format!(
+        r#"
+[run]
+name = "cur"
+output_dir = "{out}"
+steps = 3
+save_every = 0
+[model]
+name = "{model}"
+init_tiny = true
+[lora]
+r = 4
+alpha = 8
+[grpo]
+num_generations = 2
+prompts_per_step = 2
+max_completion_length = 4
+[optim]
+learning_rate = 1e-3
+[[stage]]
+name = "dumb"
+steps = 1
+envs = {{ ticketmelt = 1.0 }}
+[stage.options.ticketmelt]
+peers = "dumb"
+[[stage]]
+name = "mix"
+envs = {{ ticketmelt = 0.5, merge_ring = 0.5 }}
+[stage.grpo]
+temperature = 0.7
+"#,
+        out = dir.path().display(),
+        model = dir.path().join("tiny").display()
+    );
+    let cfg_path = dir.path().join("cur.toml");
+    std::fs::write(&cfg_path, toml).unwrap();
+    concord::grpo::trainer::run_train(concord::grpo::trainer::TrainArgs {
+        config: Some(cfg_path),
+        sets: vec![],
+        resume: None,
+    })
+    .unwrap();
+    let run = dir.path().join("cur");
+    let (h, rows) = read_csv(&run.join("training_log.csv"));
+    assert_eq!(text_column(&h, &rows, "stage"), ["dumb", "mix", "mix"]);
+    assert_eq!(text_column(&h, &rows, "env")[1], "merge_ring+ticketmelt");
+    // Both environments' components are columns from the first row on.
+    assert!(h.iter().any(|c| c == "rewards/r1_own/mean"), "{h:?}");
+    assert!(h.iter().any(|c| c == "rewards/r_merge/mean"), "{h:?}");
+    let resolved = std::fs::read_to_string(run.join("config.toml")).unwrap();
+    assert!(resolved.contains("[[stage]]"), "{resolved}");
+}

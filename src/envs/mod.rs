@@ -510,6 +510,21 @@ pub fn score_joint(env: &dyn Environment, completions: &[(usize, &str)]) -> Vec<
     completions.iter().map(|(s, _)| env.reward(*s)).collect()
 }
 
+/// Episode seeds with this bit set are held out for evaluation: training draws its
+/// episodes from seeds without it ([`training_seed`]), `concord eval` from seeds with
+/// it ([`eval_seed`]), so the two never share an episode.
+pub const HELD_OUT_BIT: u64 = 1 << 63;
+
+/// A training episode seed (never a held-out one).
+pub fn training_seed(x: u64) -> u64 {
+    x & !HELD_OUT_BIT
+}
+
+/// The `i`-th held-out evaluation episode seed.
+pub fn eval_seed(i: u64) -> u64 {
+    HELD_OUT_BIT | (i & !HELD_OUT_BIT)
+}
+
 /// Play a whole episode from `seed`, asking `act(env, seat)` for every policy seat's
 /// text each step; returns the finished episode.
 pub fn play_episode(

@@ -17,12 +17,13 @@ use super::loss::{grpo_loss, LossInputs, LossParams, LossScale, LossStats};
 use super::optim::{clip_grad_norm, AdamW, AdamWParams, LrSchedule};
 use super::rollout::{micro_batches, pack, Rollout};
 use crate::config::Config;
+use crate::curriculum::{total_steps, Stage, StageLength};
 use crate::envs::Message;
 use crate::envs::{self, EnvFactory, Reward};
 use crate::model::lora::LoraConfig;
 use crate::model::qwen2::{Mode, Qwen2};
 use crate::sample::{self, Completion, FinishReason, SamplingParams};
-use anyhow::{anyhow, bail, Context, Result};
+use anyhow::{bail, Context, Result};
 use candle_core::{DType, Tensor};
 use std::any::Any;
 use std::collections::BTreeMap;
@@ -78,6 +79,16 @@ pub trait Task {
     fn prompts(&mut self, seed: u64, n: usize, renderer: &dyn Renderer) -> Result<Vec<TaskPrompt>>;
     /// Reward of one completion of `prompt`.
     fn score(&self, prompt: &TaskPrompt, completion: &Completion) -> Result<Reward>;
+    /// Every reward component name the task can produce (the log's columns); empty:
+    /// take them from the first step.
+    fn component_names(&self) -> Vec<String> {
+        Vec::new()
+    }
+    /// The environment a prompt came from (for mixtures; default: [`Task::name`]).
+    fn env_of(&self, prompt: &TaskPrompt) -> String {
+        let _ = prompt;
+        self.name()
+    }
 }
 
 /// A registry environment: each prompt is one policy seat's decision.
@@ -97,10 +108,18 @@ impl Task for EnvTask {
     fn name(&self) -> String {
         self.factory.name().to_string()
     }
+    fn component_names(&self) -> Vec<String> {
+        let d = envs::sample_decision(self.factory.as_ref(), 0);
+        envs::score_decision(&d, "")
+            .components
+            .into_keys()
+            .collect()
+    }
     fn prompts(&mut self, seed: u64, n: usize, renderer: &dyn Renderer) -> Result<Vec<TaskPrompt>> {
         (0..n)
             .map(|i| {
-                let d = envs::sample_decision(self.factory.as_ref(), mix(seed, i as u64));
+                let episode_seed = envs::training_seed(mix(seed, i as u64));
+                let d = envs::sample_decision(self.factory.as_ref(), episode_seed);
                 let (text, ids) = renderer.render(&d.messages)?;
                 Ok(TaskPrompt {
                     ids,
@@ -253,6 +272,12 @@ pub struct TrainerState {
     /// The step RNG: seeds of step `s` are `mix(seed, s)`; nothing else to restore.
     pub rng: String,
     pub csv_header: Vec<String>,
+    /// Index of the current curriculum stage.
+    #[serde(default)]
+    pub stage: usize,
+    /// Mean reward of each step of the current stage so far (promotion rules).
+    #[serde(default)]
+    pub stage_rewards: Vec<f64>,
 }
 
 /// Test hooks.
@@ -272,10 +297,12 @@ pub struct Trainer {
     pub cfg: Config,
     pub model: Qwen2,
     pub renderer: Box<dyn Renderer>,
-    pub task: Box<dyn Task>,
+    /// The curriculum (one open `main` stage without `[[stage]]` tables).
+    pub stages: Vec<Stage>,
     pub opt: AdamW,
     sched: LrSchedule,
-    loss_params: LossParams,
+    /// Steps the run takes at most (`run.steps`, or less when every stage is bounded).
+    total_steps: usize,
     pub run_dir: PathBuf,
     pub state: TrainerState,
     pub hooks: Hooks,
@@ -346,16 +373,37 @@ pub fn load_model(cfg: &Config) -> Result<(Qwen2, Box<dyn Renderer>, String)> {
 }
 
 impl Trainer {
-    /// A trainer over an already-built model (with LoRA) and task. Creates or resumes
-    /// the run directory.
+    /// A trainer over an already-built model (with LoRA) and one task for the whole
+    /// run. Creates or resumes the run directory.
     pub fn new(
         cfg: Config,
-        mut model: Qwen2,
+        model: Qwen2,
         renderer: Box<dyn Renderer>,
         task: Box<dyn Task>,
         base_model: String,
         resume: bool,
     ) -> Result<Self> {
+        let stage = Stage {
+            name: "main".into(),
+            length: StageLength::Open,
+            cfg: cfg.clone(),
+            task,
+        };
+        Self::with_stages(cfg, model, renderer, vec![stage], base_model, resume)
+    }
+
+    /// A trainer over a curriculum ([`crate::curriculum::build`]).
+    pub fn with_stages(
+        cfg: Config,
+        mut model: Qwen2,
+        renderer: Box<dyn Renderer>,
+        stages: Vec<Stage>,
+        base_model: String,
+        resume: bool,
+    ) -> Result<Self> {
+        if stages.is_empty() {
+            bail!("a run needs at least one stage");
+        }
         let run_dir = cfg.run_dir();
         std::fs::create_dir_all(&run_dir)
             .with_context(|| format!("creating {}", run_dir.display()))?;
@@ -366,6 +414,8 @@ impl Trainer {
             seconds: 0.0,
             rng: "splitmix64(seed, step)".into(),
             csv_header: Vec::new(),
+            stage: 0,
+            stage_rewards: Vec::new(),
         };
         let latest = if resume {
             latest_checkpoint(&run_dir)?
@@ -415,19 +465,30 @@ impl Trainer {
             &run_dir.join("config.toml"),
             cfg.to_toml_string()?.as_bytes(),
         )?;
-        let total_updates = cfg.run.steps * cfg.grpo.num_iterations;
+        if state.csv_header.is_empty() {
+            let mut names: Vec<String> = stages
+                .iter()
+                .flat_map(|s| s.task.component_names())
+                .collect();
+            names.sort();
+            names.dedup();
+            if !names.is_empty() {
+                state.csv_header = csv_header(&names);
+            }
+        }
+        let total_steps = total_steps(&cfg, &stages);
+        let total_updates = total_steps * cfg.grpo.num_iterations;
         let sched = LrSchedule::from_config(&cfg.optim, total_updates);
-        let loss_params = LossParams::from_config(&cfg.grpo);
         let stop_ids = renderer.stop_ids();
         let pad_id = stop_ids.first().copied().unwrap_or(0);
         Ok(Self {
             cfg,
             model,
             renderer,
-            task,
+            stages,
             opt,
             sched,
-            loss_params,
+            total_steps,
             run_dir,
             state,
             hooks: Hooks::default(),
@@ -437,8 +498,13 @@ impl Trainer {
         })
     }
 
+    /// The stage the next step belongs to.
+    pub fn current_stage(&self) -> &Stage {
+        &self.stages[self.state.stage.min(self.stages.len() - 1)]
+    }
+
     fn sampling_params(&self, seed: u64) -> SamplingParams {
-        let g = &self.cfg.grpo;
+        let g = &self.current_stage().cfg.grpo;
         SamplingParams {
             temperature: g.temperature as f32,
             top_p: g.top_p as f32,
@@ -456,7 +522,7 @@ impl Trainer {
     /// Train until `run.steps` (or an interrupt / `hooks.stop_after`).
     pub fn train(&mut self) -> Result<()> {
         install_ctrlc();
-        let total = self.cfg.run.steps;
+        let total = self.total_steps;
         let pb = if self.hooks.quiet {
             indicatif::ProgressBar::hidden()
         } else {
@@ -472,7 +538,7 @@ impl Trainer {
         pb.set_prefix(self.cfg.run.name.clone());
         pb.set_position(self.state.step as u64);
         let mut done_here = 0;
-        while self.state.step < total {
+        while self.state.step < total && self.state.stage < self.stages.len() {
             let row = self.step()?;
             done_here += 1;
             pb.set_position(self.state.step as u64);
@@ -486,7 +552,8 @@ impl Trainer {
             let s = self.state.step;
             let save_every = self.cfg.run.save_every;
             let interrupted = INTERRUPTED.load(Ordering::SeqCst);
-            if s == total || (save_every > 0 && s.is_multiple_of(save_every)) || interrupted {
+            let finished = s == total || self.state.stage >= self.stages.len();
+            if finished || (save_every > 0 && s.is_multiple_of(save_every)) || interrupted {
                 self.save_checkpoint()?;
             }
             if interrupted {
@@ -509,13 +576,19 @@ impl Trainer {
         let t_start = Instant::now();
         let step = self.state.step;
         let seed = mix(self.cfg.run.seed, step as u64);
-        let g = self.cfg.grpo.clone();
+        let stage_idx = self.state.stage.min(self.stages.len() - 1);
+        let g = self.stages[stage_idx].cfg.grpo.clone();
+        let optim = self.stages[stage_idx].cfg.optim.clone();
+        let loss_params = LossParams::from_config(&g);
+        self.opt.params = AdamWParams::from_config(&optim);
         let gsize = g.num_generations;
 
         // 1. prompts
-        let prompts = self
-            .task
-            .prompts(seed, g.prompts_per_step, self.renderer.as_ref())?;
+        let prompts = self.stages[stage_idx].task.prompts(
+            seed,
+            g.prompts_per_step,
+            self.renderer.as_ref(),
+        )?;
         // 2. sample G completions per prompt with the current adapter
         self.model.set_adapter_enabled(true);
         let t_gen = Instant::now();
@@ -542,7 +615,7 @@ impl Trainer {
                 );
             }
             for c in comps {
-                let reward = self.task.score(p, c)?;
+                let reward = self.stages[stage_idx].task.score(p, c)?;
                 let scalar = weighted_reward(&reward.components, reward.scalar, &g.reward_weights);
                 rollouts.push(Rollout {
                     group: pi,
@@ -599,7 +672,7 @@ impl Trainer {
         for iter in 0..g.num_iterations {
             let mut acc: Option<Vec<Tensor>> = None;
             let mut it_stats = LossStats::default();
-            let mb = self.cfg.optim.micro_batch;
+            let mb = optim.micro_batch;
             for (mi, range) in micro_batches(active.len(), mb).into_iter().enumerate() {
                 if range.is_empty() {
                     continue;
@@ -638,7 +711,7 @@ impl Trainer {
                         mask: &mask,
                         entropy: ent.as_ref(),
                     },
-                    &self.loss_params,
+                    &loss_params,
                     &scale,
                 )?;
                 let mut loss = out.loss;
@@ -664,9 +737,9 @@ impl Trainer {
             };
             let poisoned = self.hooks.poison_steps.contains(&step);
             let loss_ok = !poisoned && (it_stats.loss.is_finite() || active.is_empty());
-            let norm = clip_grad_norm(&mut grads, self.cfg.optim.max_grad_norm)?;
+            let norm = clip_grad_norm(&mut grads, optim.max_grad_norm)?;
             let update_idx = step * g.num_iterations + iter;
-            lr = self.sched.lr(update_idx);
+            lr = optim.learning_rate * self.sched.factor(update_idx);
             if !loss_ok || !norm.is_finite() {
                 skipped = 1.0;
                 eprintln!(
@@ -740,15 +813,28 @@ impl Trainer {
         v.insert("peak_mem_mb".into(), peak_rss_mb());
         v.insert("step_time".into(), step_time);
         v.insert("seconds".into(), self.state.seconds);
+        let stage = &self.stages[stage_idx];
         let row = StepRow {
             step: self.state.step,
-            stage: "main".into(),
-            env: self.task.name(),
+            stage: stage.name.clone(),
+            env: stage.task.name(),
             values: v,
             components: component_stats(&comps),
         };
+        self.state.stage_rewards.push(adv.reward_mean);
+        if let Some(why) = stage.length.finished(&self.state.stage_rewards) {
+            let next = self.stages.get(stage_idx + 1).map(|s| s.name.clone());
+            if let Some(next) = &next {
+                eprintln!(
+                    "\nstage `{}` -> `{next}` after step {} ({why})",
+                    stage.name, self.state.step
+                );
+            }
+            self.state.stage = stage_idx + 1;
+            self.state.stage_rewards.clear();
+        }
         self.append_csv(&row)?;
-        self.append_samples(&prompts, &rollouts)?;
+        self.append_samples(stage_idx, &prompts, &rollouts)?;
         Ok(row)
     }
 
@@ -772,7 +858,8 @@ impl Trainer {
         mode: Mode,
         entropy: bool,
     ) -> Result<(Tensor, Option<Tensor>)> {
-        completion_logprobs(&self.model, p, mode, self.cfg.grpo.temperature, entropy)
+        let temperature = self.current_stage().cfg.grpo.temperature;
+        completion_logprobs(&self.model, p, mode, temperature, entropy)
     }
 
     fn append_csv(&mut self, row: &StepRow) -> Result<()> {
@@ -791,7 +878,12 @@ impl Trainer {
         append(&path, &text)
     }
 
-    fn append_samples(&self, prompts: &[TaskPrompt], rollouts: &[Rollout]) -> Result<()> {
+    fn append_samples(
+        &self,
+        stage: usize,
+        prompts: &[TaskPrompt],
+        rollouts: &[Rollout],
+    ) -> Result<()> {
         let n = self.cfg.run.log_samples.min(rollouts.len());
         if n == 0 {
             return Ok(());
@@ -802,6 +894,8 @@ impl Trainer {
         for r in rollouts.iter().step_by(stride).take(n) {
             let v = serde_json::json!({
                 "step": self.state.step,
+                "stage": self.stages[stage].name,
+                "env": self.stages[stage].task.env_of(&prompts[r.group]),
                 "prompt": prompts[r.group].text,
                 "completion": r.text,
                 "reward": r.scalar,
@@ -970,9 +1064,6 @@ pub fn run_train(args: TrainArgs) -> Result<()> {
         (None, None) => bail!("give --config FILE (or --resume RUN_DIR)"),
     };
     let cfg = Config::load(&cfg_path, &args.sets)?;
-    if !cfg.stages.is_empty() {
-        bail!("[[stage]] curricula are not supported by this version of the trainer yet");
-    }
     if let Some(dir) = &args.resume {
         let want = cfg.run_dir();
         if std::fs::canonicalize(dir).ok() != std::fs::canonicalize(&want).ok() {
@@ -983,17 +1074,9 @@ pub fn run_train(args: TrainArgs) -> Result<()> {
             );
         }
     }
-    let env = cfg.env.clone().ok_or_else(|| anyhow!("missing [env]"))?;
-    let task = EnvTask::new(&env.name, &env.options)?;
+    let stages = crate::curriculum::build(&cfg)?;
     let (model, renderer, base) = load_model(&cfg)?;
-    let mut t = Trainer::new(
-        cfg,
-        model,
-        renderer,
-        Box::new(task),
-        base,
-        args.resume.is_some(),
-    )?;
+    let mut t = Trainer::with_stages(cfg, model, renderer, stages, base, args.resume.is_some())?;
     let started = Instant::now();
     t.train()?;
     eprintln!(
