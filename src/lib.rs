@@ -8,4 +8,5 @@ pub mod config;
 pub mod envs;
 pub mod grpo;
 pub mod model;
+pub mod plot;
 pub mod sample;
