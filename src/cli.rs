@@ -27,6 +27,8 @@ pub enum Command {
     Train(crate::grpo::trainer::TrainArgs),
     /// Benchmarks (`bench sample`, `bench train`).
     Bench(BenchArgs),
+    /// Draw reward_curve.png, components.png (and before_after.png after `eval --compare`) for a run directory.
+    Plot(crate::plot::PlotArgs),
 }
 
 #[derive(clap::Args)]
@@ -65,5 +67,6 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             BenchCommand::Sample(a) => crate::sample::run_bench_sample(a),
             BenchCommand::Train(a) => crate::grpo::trainer::bench_train(a),
         },
+        Command::Plot(args) => crate::plot::run_plot(args),
     }
 }

@@ -9,4 +9,5 @@ pub mod curriculum;
 pub mod envs;
 pub mod grpo;
 pub mod model;
+pub mod plot;
 pub mod sample;

@@ -1,0 +1,1158 @@
+//! `concord plot <run dir>`: PNG charts of a run.
+//!
+//! * `reward_curve.png`: reward per step (points), its rolling mean (line) and the
+//!   curriculum's stage boundaries (dashed, labelled with the new stage).
+//! * `components.png`: one line per reward component (`rewards/<c>/mean` columns).
+//! * `before_after.png`: base model vs adapter from `eval.json` (written by
+//!   `concord eval --compare`), grouped bars with 95% confidence whiskers.
+//!
+//! Text is drawn with a font embedded in the binary (`assets/DejaVuSans.ttf`), so the
+//! images render the same on machines without any system fonts. Every image is
+//! rendered into memory, encoded, then written atomically.
+use anyhow::{bail, Context, Result};
+use plotters::coord::types::RangedCoordf64;
+use plotters::element::DashedPathElement;
+use plotters::prelude::*;
+use plotters::style::FontStyle;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+/// Width of every image, pixels.
+pub const PLOT_WIDTH: u32 = 1200;
+/// Height of `reward_curve.png` and `components.png` (and of `before_after.png` with
+/// one or two environments), pixels.
+pub const PLOT_HEIGHT: u32 = 700;
+
+/// The training log a run directory always has.
+pub const TRAINING_LOG: &str = "training_log.csv";
+/// Written by `concord eval`.
+pub const EVAL_JSON: &str = "eval.json";
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct PlotArgs {
+    /// Run directory (holds training_log.csv, and eval.json after `concord eval`).
+    pub run_dir: PathBuf,
+    /// Rolling-mean window, in steps.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..))]
+    pub window: u64,
+}
+
+/// `concord plot`: draw what the run directory allows and print the written paths.
+pub fn run_plot(args: PlotArgs) -> Result<()> {
+    let window = usize::try_from(args.window).context("--window is too large")?;
+    for p in plot_run(&args.run_dir, window)? {
+        println!("{}", p.display());
+    }
+    Ok(())
+}
+
+/// Draw `reward_curve.png` and `components.png` from `training_log.csv` and, when
+/// `eval.json` holds both a `base` and an `adapter` model, `before_after.png`.
+/// Returns the written paths. A missing or malformed `eval.json` is an error; one
+/// without both models is skipped.
+pub fn plot_run(run_dir: &Path, window: usize) -> Result<Vec<PathBuf>> {
+    let window = window.max(1);
+    let log_path = run_dir.join(TRAINING_LOG);
+    let log = TrainingLog::read(&log_path)?;
+    let name = run_name(run_dir);
+    let mut written = Vec::new();
+
+    let p = run_dir.join("reward_curve.png");
+    write_png(&p, PLOT_WIDTH, PLOT_HEIGHT, |root| {
+        draw_reward_curve(root, &log, &name, window)
+    })?;
+    written.push(p);
+
+    let p = run_dir.join("components.png");
+    write_png(&p, PLOT_WIDTH, PLOT_HEIGHT, |root| {
+        draw_components(root, &log, &name, window)
+    })?;
+    written.push(p);
+
+    let eval_path = run_dir.join(EVAL_JSON);
+    if eval_path.exists() {
+        let report = EvalReport::read(&eval_path)?;
+        if let (Some(base), Some(adapter)) =
+            (report.models.get("base"), report.models.get("adapter"))
+        {
+            let envs = env_names(base, adapter);
+            if !envs.is_empty() {
+                let p = run_dir.join("before_after.png");
+                let h = before_after_height(envs.len());
+                write_png(&p, PLOT_WIDTH, h, |root| {
+                    draw_before_after(root, &report, base, adapter, &envs, &name)
+                })?;
+                written.push(p);
+            }
+        }
+    }
+    Ok(written)
+}
+
+/// Height of `before_after.png` for `n_envs` panels (two panels side by side per row).
+pub fn before_after_height(n_envs: usize) -> u32 {
+    let rows = n_envs.div_ceil(2).max(1) as u32;
+    PLOT_HEIGHT.max(90 + 420 * rows)
+}
+
+fn run_name(run_dir: &Path) -> String {
+    let named = |p: &Path| {
+        p.file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .filter(|n| !n.is_empty() && n != "." && n != "..")
+    };
+    named(run_dir)
+        .or_else(|| run_dir.canonicalize().ok().and_then(|p| named(&p)))
+        .unwrap_or_else(|| run_dir.display().to_string())
+}
+
+// ------------------------------------------------------------------------ eval.json
+
+/// `eval.json`, written by `concord eval`.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct EvalReport {
+    /// The config file the evaluation used.
+    pub config: String,
+    /// Episodes per environment.
+    pub episodes: usize,
+    pub greedy: bool,
+    pub first_seed: u64,
+    /// By model: `base` (no adapter) and/or `adapter`.
+    pub models: BTreeMap<String, ModelEval>,
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct ModelEval {
+    /// The adapter's directory; `None` for the base model.
+    pub adapter: Option<String>,
+    /// By environment name.
+    pub envs: BTreeMap<String, EnvEval>,
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct EnvEval {
+    pub episodes: usize,
+    /// Scored seats (episodes x trained seats per episode).
+    pub seats: usize,
+    pub reward_mean: f64,
+    pub reward_ci95: [f64; 2],
+    pub win_rate: f64,
+    pub win_ci95: [f64; 2],
+    /// Mean of each reward component.
+    pub components: BTreeMap<String, f64>,
+}
+
+impl EvalReport {
+    pub fn read(path: &Path) -> Result<Self> {
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))
+    }
+}
+
+fn env_names(base: &ModelEval, adapter: &ModelEval) -> Vec<String> {
+    let mut names: Vec<String> = base.envs.keys().cloned().collect();
+    for k in adapter.envs.keys() {
+        if !names.contains(k) {
+            names.push(k.clone());
+        }
+    }
+    names.sort();
+    names
+}
+
+// ------------------------------------------------------------------------ training_log.csv
+
+/// `training_log.csv`, parsed by header name. Numeric cells that are empty, `nan` or
+/// otherwise not a finite number are NaN.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TrainingLog {
+    /// Header, in file order.
+    pub header: Vec<String>,
+    /// The `step` column.
+    pub steps: Vec<f64>,
+    /// The `stage` column (empty strings when the log has none).
+    pub stages: Vec<String>,
+    /// The `env` column (empty strings when the log has none).
+    pub envs: Vec<String>,
+    numeric: BTreeMap<String, Vec<f64>>,
+}
+
+impl TrainingLog {
+    pub fn read(path: &Path) -> Result<Self> {
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        Self::parse(&text).with_context(|| format!("parsing {}", path.display()))
+    }
+
+    /// Parse CSV text. Needs a `step` column with a number on every row.
+    pub fn parse(text: &str) -> Result<Self> {
+        let mut lines = text
+            .lines()
+            .enumerate()
+            .map(|(i, l)| (i + 1, l.trim_end_matches('\r')))
+            .filter(|(_, l)| !l.trim().is_empty());
+        let Some((_, head)) = lines.next() else {
+            bail!("empty file (no header)");
+        };
+        let header: Vec<String> = split_csv_line(head)
+            .into_iter()
+            .map(|h| h.trim().to_string())
+            .collect();
+        let col = |name: &str| header.iter().position(|h| h == name);
+        let step_col = col("step").context("no `step` column in the header")?;
+        let stage_col = col("stage");
+        let env_col = col("env");
+        let mut log = TrainingLog {
+            header: header.clone(),
+            steps: Vec::new(),
+            stages: Vec::new(),
+            envs: Vec::new(),
+            numeric: BTreeMap::new(),
+        };
+        let numeric_cols: Vec<(usize, &String)> = header
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| Some(*i) != stage_col && Some(*i) != env_col && *i != step_col)
+            .collect();
+        for (_, name) in &numeric_cols {
+            log.numeric.insert((*name).clone(), Vec::new());
+        }
+        for (lineno, line) in lines {
+            let cells = split_csv_line(line);
+            if cells.len() != header.len() {
+                bail!(
+                    "line {lineno}: {} fields, the header has {}",
+                    cells.len(),
+                    header.len()
+                );
+            }
+            let step = cells[step_col].trim();
+            let step: f64 = step
+                .parse()
+                .ok()
+                .filter(|s: &f64| s.is_finite())
+                .with_context(|| format!("line {lineno}: step {step:?} is not a number"))?;
+            log.steps.push(step);
+            log.stages
+                .push(stage_col.map_or(String::new(), |c| cells[c].trim().to_string()));
+            log.envs
+                .push(env_col.map_or(String::new(), |c| cells[c].trim().to_string()));
+            for (i, name) in &numeric_cols {
+                if let Some(v) = log.numeric.get_mut(*name) {
+                    v.push(parse_cell(&cells[*i]));
+                }
+            }
+        }
+        Ok(log)
+    }
+
+    pub fn len(&self) -> usize {
+        self.steps.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.steps.is_empty()
+    }
+
+    /// A numeric column by header name (NaN for missing / non-finite cells).
+    pub fn column(&self, name: &str) -> Option<&[f64]> {
+        self.numeric.get(name).map(|v| v.as_slice())
+    }
+
+    /// Reward component names, in header order: the `<c>` of `rewards/<c>/mean`.
+    pub fn component_names(&self) -> Vec<String> {
+        self.header
+            .iter()
+            .filter_map(|h| h.strip_prefix("rewards/")?.strip_suffix("/mean"))
+            .map(str::to_string)
+            .collect()
+    }
+
+    /// Rows with `skipped` = 1 (no update was made at that step).
+    pub fn skipped(&self) -> Vec<bool> {
+        match self.column("skipped") {
+            Some(v) => v.iter().map(|x| *x != 0.0 && x.is_finite()).collect(),
+            None => vec![false; self.len()],
+        }
+    }
+}
+
+fn parse_cell(cell: &str) -> f64 {
+    cell.trim()
+        .parse::<f64>()
+        .ok()
+        .filter(|v| v.is_finite())
+        .unwrap_or(f64::NAN)
+}
+
+/// Split one CSV line; double-quoted fields may hold commas and `""` escapes.
+fn split_csv_line(line: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut cur = String::new();
+    let mut quoted = false;
+    let mut chars = line.chars().peekable();
+    while let Some(c) = chars.next() {
+        match c {
+            '"' if quoted && chars.peek() == Some(&'"') => {
+                cur.push('"');
+                chars.next();
+            }
+            '"' => quoted = !quoted,
+            ',' if !quoted => out.push(std::mem::take(&mut cur)),
+            _ => cur.push(c),
+        }
+    }
+    out.push(cur);
+    out
+}
+
+/// Trailing rolling mean: element `i` is the mean of the finite values among
+/// `values[i+1-window ..= i]` (fewer at the start), NaN where there are none.
+pub fn rolling_mean(values: &[f64], window: usize) -> Vec<f64> {
+    let window = window.max(1);
+    (0..values.len())
+        .map(|i| {
+            let lo = (i + 1).saturating_sub(window);
+            let (sum, n) = values[lo..=i]
+                .iter()
+                .filter(|v| v.is_finite())
+                .fold((0.0, 0usize), |(s, n), v| (s + v, n + 1));
+            if n == 0 {
+                f64::NAN
+            } else {
+                sum / n as f64
+            }
+        })
+        .collect()
+}
+
+/// Rows where the stage changes: `(row index, new stage name)`; the first row is
+/// never a boundary.
+pub fn stage_boundaries(stages: &[String]) -> Vec<(usize, String)> {
+    stages
+        .windows(2)
+        .enumerate()
+        .filter(|(_, w)| w[0] != w[1])
+        .map(|(i, w)| (i + 1, w[1].clone()))
+        .collect()
+}
+
+/// `(lo, hi)` covering the finite values, padded so the range is never empty: 5% on
+/// each side, or +-max(10% of |v|, 0.5) around a constant; (0, 1) with no finite value.
+pub fn padded_range<'a>(values: impl IntoIterator<Item = &'a f64>) -> (f64, f64) {
+    let (lo, hi) = values
+        .into_iter()
+        .filter(|v| v.is_finite())
+        .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), &v| {
+            (lo.min(v), hi.max(v))
+        });
+    if !lo.is_finite() {
+        return (0.0, 1.0);
+    }
+    let span = hi - lo;
+    if span <= f64::EPSILON * lo.abs().max(hi.abs()).max(1.0) {
+        let pad = (lo.abs() * 0.1).max(0.5);
+        return (lo - pad, hi + pad);
+    }
+    (lo - span * 0.05, hi + span * 0.05)
+}
+
+/// Runs of consecutive finite `(x, y)` points (lines break at NaN).
+fn finite_segments(xs: &[f64], ys: &[f64]) -> Vec<Vec<(f64, f64)>> {
+    let mut segs = Vec::new();
+    let mut cur = Vec::new();
+    for (&x, &y) in xs.iter().zip(ys) {
+        if x.is_finite() && y.is_finite() {
+            cur.push((x, y));
+        } else if !cur.is_empty() {
+            segs.push(std::mem::take(&mut cur));
+        }
+    }
+    if !cur.is_empty() {
+        segs.push(cur);
+    }
+    segs
+}
+
+// ------------------------------------------------------------------------ drawing
+
+type Area<'a> = DrawingArea<BitMapBackend<'a>, plotters::coord::Shift>;
+
+const FONT: &str = "sans-serif";
+static FONT_BYTES: &[u8] = include_bytes!("../assets/DejaVuSans.ttf");
+
+fn register_font() -> Result<()> {
+    static ONCE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let ok = *ONCE.get_or_init(|| {
+        plotters::style::register_font(FONT, FontStyle::Normal, FONT_BYTES).is_ok()
+    });
+    if !ok {
+        bail!("the embedded font (assets/DejaVuSans.ttf) could not be loaded");
+    }
+    Ok(())
+}
+
+/// Tableau-style categorical palette: 10 saturated colours then 10 lighter ones.
+const PALETTE: [RGBColor; 20] = [
+    RGBColor(31, 119, 180),
+    RGBColor(255, 127, 14),
+    RGBColor(44, 160, 44),
+    RGBColor(214, 39, 40),
+    RGBColor(148, 103, 189),
+    RGBColor(140, 86, 75),
+    RGBColor(227, 119, 194),
+    RGBColor(127, 127, 127),
+    RGBColor(188, 189, 34),
+    RGBColor(23, 190, 207),
+    RGBColor(174, 199, 232),
+    RGBColor(255, 187, 120),
+    RGBColor(152, 223, 138),
+    RGBColor(255, 152, 150),
+    RGBColor(197, 176, 213),
+    RGBColor(196, 156, 148),
+    RGBColor(247, 182, 210),
+    RGBColor(199, 199, 199),
+    RGBColor(219, 219, 141),
+    RGBColor(158, 218, 229),
+];
+
+fn palette(i: usize) -> RGBColor {
+    PALETTE[i % PALETTE.len()]
+}
+
+const BASE_COLOR: RGBColor = RGBColor(150, 150, 150);
+const ADAPTER_COLOR: RGBColor = RGBColor(31, 119, 180);
+const STAGE_COLOR: RGBColor = RGBColor(90, 90, 90);
+
+/// Render with `draw` into an RGB buffer, encode as PNG and write `path` atomically.
+fn write_png(
+    path: &Path,
+    width: u32,
+    height: u32,
+    draw: impl FnOnce(&Area) -> Result<()>,
+) -> Result<()> {
+    register_font()?;
+    let mut buf = vec![255u8; width as usize * height as usize * 3];
+    {
+        let root = BitMapBackend::with_buffer(&mut buf, (width, height)).into_drawing_area();
+        root.fill(&WHITE).map_err(plot_err)?;
+        draw(&root).with_context(|| format!("drawing {}", path.display()))?;
+        root.present().map_err(plot_err)?;
+    }
+    let mut png_bytes = Vec::new();
+    {
+        let mut enc = png::Encoder::new(&mut png_bytes, width, height);
+        enc.set_color(png::ColorType::Rgb);
+        enc.set_depth(png::BitDepth::Eight);
+        let mut w = enc
+            .write_header()
+            .with_context(|| format!("encoding {}", path.display()))?;
+        w.write_image_data(&buf)
+            .with_context(|| format!("encoding {}", path.display()))?;
+        w.finish()
+            .with_context(|| format!("encoding {}", path.display()))?;
+    }
+    crate::grpo::atomic_write_bytes(path, &png_bytes)
+}
+
+fn plot_err<E: std::fmt::Debug>(e: E) -> anyhow::Error {
+    anyhow::anyhow!("plotting: {e:?}")
+}
+
+fn font(size: f64) -> TextStyle<'static> {
+    TextStyle::from((FONT, size).into_font()).color(&BLACK)
+}
+
+/// Tick label: integers plainly, otherwise up to 3 significant decimals.
+fn fmt_tick(v: f64) -> String {
+    if v == 0.0 {
+        return "0".into();
+    }
+    let a = v.abs();
+    let s = if a >= 1000.0 {
+        format!("{v:.0}")
+    } else if a >= 1.0 {
+        format!("{v:.2}")
+    } else {
+        format!("{v:.3}")
+    };
+    let s = if s.contains('.') {
+        s.trim_end_matches('0').trim_end_matches('.').to_string()
+    } else {
+        s
+    };
+    if s == "-0" {
+        "0".into()
+    } else {
+        s
+    }
+}
+
+/// Step ticks: integers only (fractional ticks of a short run are left blank).
+fn fmt_step(v: f64) -> String {
+    if (v - v.round()).abs() < 1e-9 {
+        format!("{}", v.round() as i64)
+    } else {
+        String::new()
+    }
+}
+
+enum Mark {
+    Dot(RGBColor),
+    Ring(RGBColor),
+    Line(RGBColor, u32),
+    Dashed(RGBColor),
+}
+
+/// A legend in its own panel (never over the data): one entry per row.
+fn draw_legend(area: &Area, title: Option<&str>, entries: &[(String, Mark)]) -> Result<()> {
+    let row = 26;
+    let mut y = 20;
+    if let Some(t) = title {
+        area.draw(&Text::new(t.to_string(), (12, y), font(17.0)))
+            .map_err(plot_err)?;
+        y += row + 4;
+    }
+    for (label, mark) in entries {
+        let cy = y + 9;
+        match mark {
+            Mark::Dot(c) => area.draw(&Circle::new((30, cy), 4, c.filled())),
+            Mark::Ring(c) => area.draw(&Circle::new((30, cy), 5, c.stroke_width(2))),
+            Mark::Line(c, w) => area.draw(&PathElement::new(
+                vec![(12, cy), (48, cy)],
+                c.stroke_width(*w),
+            )),
+            Mark::Dashed(c) => area.draw(&DashedPathElement::new(
+                vec![(12, cy), (48, cy)],
+                6,
+                4,
+                c.stroke_width(2),
+            )),
+        }
+        .map_err(plot_err)?;
+        area.draw(&Text::new(
+            label.clone(),
+            (58, cy),
+            font(16.0).pos(LEFT_CENTER),
+        ))
+        .map_err(plot_err)?;
+        y += row;
+    }
+    Ok(())
+}
+
+const LEGEND_WIDTH: u32 = 230;
+
+/// The part shared by the step charts: title, chart area + legend panel.
+fn split_titled<'a>(root: &Area<'a>, title: &str) -> Result<(Area<'a>, Area<'a>)> {
+    let body = root.titled(title, font(26.0)).map_err(plot_err)?;
+    let (w, _) = body.dim_in_pixel();
+    Ok(body.split_horizontally(w.saturating_sub(LEGEND_WIDTH)))
+}
+
+fn step_range(steps: &[f64]) -> (f64, f64) {
+    let first = steps.iter().copied().fold(f64::INFINITY, f64::min);
+    let last = steps.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    if !first.is_finite() {
+        return (0.0, 1.0);
+    }
+    if last - first < 1.0 {
+        // One row: a couple of steps either side.
+        return (first - 2.0, last + 2.0);
+    }
+    let pad = ((last - first) * 0.02).max(0.5);
+    (first - pad, last + pad)
+}
+
+/// Extra space above the data for the stage labels, when the log has stage changes.
+fn with_stage_headroom((lo, hi): (f64, f64), log: &TrainingLog) -> (f64, f64) {
+    if stage_boundaries(&log.stages).is_empty() {
+        (lo, hi)
+    } else {
+        (lo, hi + (hi - lo) * 0.1)
+    }
+}
+
+const LEFT_CENTER: plotters::style::text_anchor::Pos = plotters::style::text_anchor::Pos {
+    h_pos: plotters::style::text_anchor::HPos::Left,
+    v_pos: plotters::style::text_anchor::VPos::Center,
+};
+
+/// Dashed vertical lines at stage changes, each labelled with the new stage; the
+/// first stage is labelled at the left edge.
+fn draw_stages<DB: DrawingBackend>(
+    chart: &mut ChartContext<DB, Cartesian2d<RangedCoordf64, RangedCoordf64>>,
+    log: &TrainingLog,
+    y_range: (f64, f64),
+    x_lo: f64,
+) -> Result<bool> {
+    let bounds = stage_boundaries(&log.stages);
+    if bounds.is_empty() {
+        return Ok(false);
+    }
+    let label_style = font(16.0).color(&STAGE_COLOR);
+    let first = log.stages.first().cloned().unwrap_or_default();
+    let mut labels = vec![(x_lo, first)];
+    for (i, name) in &bounds {
+        let x = (log.steps[i - 1] + log.steps[*i]) / 2.0;
+        chart
+            .draw_series(std::iter::once(DashedPathElement::new(
+                vec![(x, y_range.0), (x, y_range.1)],
+                8,
+                5,
+                STAGE_COLOR.stroke_width(2),
+            )))
+            .map_err(plot_err)?;
+        labels.push((x, name.clone()));
+    }
+    // Alternate two heights so close boundaries stay legible; the y range has
+    // head-room for them (see `with_stage_headroom`).
+    for (k, (x, name)) in labels.into_iter().enumerate() {
+        let dy = 6 + 20 * (k % 2) as i32;
+        let style = label_style.clone();
+        chart
+            .draw_series(std::iter::once(
+                EmptyElement::at((x, y_range.1)) + Text::new(format!(" {name}"), (4, dy), style),
+            ))
+            .map_err(plot_err)?;
+    }
+    Ok(true)
+}
+
+fn draw_reward_curve(root: &Area, log: &TrainingLog, name: &str, window: usize) -> Result<()> {
+    let reward = log
+        .column("reward")
+        .context("no `reward` column in the header")?;
+    let smooth = rolling_mean(reward, window);
+    let (chart_area, legend_area) = split_titled(root, &format!("{name}: reward per step"))?;
+    let x = step_range(&log.steps);
+    let y = with_stage_headroom(padded_range(reward.iter().chain(&smooth)), log);
+
+    let mut chart = ChartBuilder::on(&chart_area)
+        .margin(16)
+        .x_label_area_size(50)
+        .y_label_area_size(70)
+        .build_cartesian_2d(x.0..x.1, y.0..y.1)
+        .map_err(plot_err)?;
+    chart
+        .configure_mesh()
+        .x_desc("step")
+        .y_desc("reward")
+        .x_labels(12)
+        .y_labels(10)
+        .x_label_formatter(&|v| fmt_step(*v))
+        .y_label_formatter(&|v| fmt_tick(*v))
+        .label_style(font(15.0))
+        .axis_desc_style(font(18.0))
+        .light_line_style(RGBColor(235, 235, 235))
+        .bold_line_style(RGBColor(215, 215, 215))
+        .draw()
+        .map_err(plot_err)?;
+
+    let has_stages = draw_stages(&mut chart, log, y, x.0)?;
+
+    let skipped = log.skipped();
+    let point_color = RGBColor(120, 170, 215);
+    let pts = |want_skipped: bool| {
+        log.steps
+            .iter()
+            .zip(reward)
+            .zip(&skipped)
+            .filter(move |((_, r), s)| r.is_finite() && **s == want_skipped)
+            .map(|((s, r), _)| (*s, *r))
+            .collect::<Vec<_>>()
+    };
+    let (kept, skip) = (pts(false), pts(true));
+    chart
+        .draw_series(
+            kept.iter()
+                .map(|&p| Circle::new(p, 4, point_color.filled())),
+        )
+        .map_err(plot_err)?;
+    chart
+        .draw_series(skip.iter().map(|&p| Circle::new(p, 5, RED.stroke_width(2))))
+        .map_err(plot_err)?;
+    let line_color = RGBColor(20, 60, 140);
+    for seg in finite_segments(&log.steps, &smooth) {
+        if seg.len() == 1 {
+            chart
+                .draw_series(std::iter::once(Circle::new(seg[0], 3, line_color.filled())))
+                .map_err(plot_err)?;
+        } else {
+            chart
+                .draw_series(LineSeries::new(seg, line_color.stroke_width(3)))
+                .map_err(plot_err)?;
+        }
+    }
+    if reward.iter().all(|r| !r.is_finite()) {
+        draw_no_data(&chart_area, "no finite reward in the log")?;
+    }
+
+    let mut entries = vec![
+        ("reward (one step)".to_string(), Mark::Dot(point_color)),
+        (
+            format!("rolling mean ({window} steps)"),
+            Mark::Line(line_color, 3),
+        ),
+    ];
+    if !skip.is_empty() {
+        entries.push(("skipped step".into(), Mark::Ring(RED)));
+    }
+    if has_stages {
+        entries.push(("stage change".into(), Mark::Dashed(STAGE_COLOR)));
+    }
+    draw_legend(&legend_area, None, &entries)?;
+    Ok(())
+}
+
+fn draw_no_data(area: &Area, msg: &str) -> Result<()> {
+    let (w, h) = area.dim_in_pixel();
+    let style =
+        font(22.0)
+            .color(&RGBColor(160, 60, 60))
+            .pos(plotters::style::text_anchor::Pos::new(
+                plotters::style::text_anchor::HPos::Center,
+                plotters::style::text_anchor::VPos::Center,
+            ));
+    area.draw(&Text::new(
+        msg.to_string(),
+        (w as i32 / 2, h as i32 / 2),
+        style,
+    ))
+    .map_err(plot_err)
+}
+
+fn draw_components(root: &Area, log: &TrainingLog, name: &str, window: usize) -> Result<()> {
+    let names = log.component_names();
+    let series: Vec<(String, Vec<f64>, Vec<f64>)> = names
+        .iter()
+        .filter_map(|c| {
+            let raw = log.column(&format!("rewards/{c}/mean"))?.to_vec();
+            let smooth = rolling_mean(&raw, window);
+            Some((c.clone(), raw, smooth))
+        })
+        .collect();
+    let title = format!("{name}: reward components (mean per step, rolling mean of {window})");
+    let (chart_area, legend_area) = split_titled(root, &title)?;
+    let x = step_range(&log.steps);
+    let y = with_stage_headroom(
+        padded_range(series.iter().flat_map(|(_, r, s)| r.iter().chain(s))),
+        log,
+    );
+
+    let mut chart = ChartBuilder::on(&chart_area)
+        .margin(16)
+        .x_label_area_size(50)
+        .y_label_area_size(70)
+        .build_cartesian_2d(x.0..x.1, y.0..y.1)
+        .map_err(plot_err)?;
+    chart
+        .configure_mesh()
+        .x_desc("step")
+        .y_desc("component reward")
+        .x_labels(12)
+        .y_labels(10)
+        .x_label_formatter(&|v| fmt_step(*v))
+        .y_label_formatter(&|v| fmt_tick(*v))
+        .label_style(font(15.0))
+        .axis_desc_style(font(18.0))
+        .light_line_style(RGBColor(235, 235, 235))
+        .bold_line_style(RGBColor(215, 215, 215))
+        .draw()
+        .map_err(plot_err)?;
+    let has_stages = draw_stages(&mut chart, log, y, x.0)?;
+
+    let mut entries = Vec::new();
+    for (i, (c, raw, smooth)) in series.iter().enumerate() {
+        let color = palette(i);
+        // Raw per-step means as faint dots, the rolling mean as the line.
+        chart
+            .draw_series(
+                log.steps
+                    .iter()
+                    .zip(raw)
+                    .filter(|(_, v)| v.is_finite())
+                    .map(|(s, v)| Circle::new((*s, *v), 2, color.mix(0.45).filled())),
+            )
+            .map_err(plot_err)?;
+        for seg in finite_segments(&log.steps, smooth) {
+            if seg.len() == 1 {
+                chart
+                    .draw_series(std::iter::once(Circle::new(seg[0], 4, color.filled())))
+                    .map_err(plot_err)?;
+            } else {
+                chart
+                    .draw_series(LineSeries::new(seg, color.stroke_width(3)))
+                    .map_err(plot_err)?;
+            }
+        }
+        let label = if smooth.iter().all(|v| !v.is_finite()) {
+            format!("{c} (no data)")
+        } else {
+            c.clone()
+        };
+        entries.push((label, Mark::Line(color, 3)));
+    }
+    if series.is_empty() {
+        draw_no_data(
+            &chart_area,
+            "no rewards/<component>/mean columns in the log",
+        )?;
+    }
+    if has_stages {
+        entries.push(("stage change".into(), Mark::Dashed(STAGE_COLOR)));
+    }
+    draw_legend(&legend_area, Some("component"), &entries)?;
+    Ok(())
+}
+
+/// One bar group: metric name, then per model `(value, optional 95% CI)`.
+type MetricBars = (String, [Option<(f64, Option<[f64; 2]>)>; 2]);
+
+fn metric_bars(base: Option<&EnvEval>, adapter: Option<&EnvEval>) -> Vec<MetricBars> {
+    let both = [base, adapter];
+    let mut out: Vec<MetricBars> = vec![
+        (
+            "win_rate".into(),
+            both.map(|e| e.map(|e| (e.win_rate, Some(e.win_ci95)))),
+        ),
+        (
+            "reward_mean".into(),
+            both.map(|e| e.map(|e| (e.reward_mean, Some(e.reward_ci95)))),
+        ),
+    ];
+    let mut comps: Vec<&String> = Vec::new();
+    for e in both.into_iter().flatten() {
+        for k in e.components.keys() {
+            if !comps.contains(&k) {
+                comps.push(k);
+            }
+        }
+    }
+    for c in comps {
+        out.push((
+            c.clone(),
+            both.map(|e| e.and_then(|e| e.components.get(c)).map(|v| (*v, None))),
+        ));
+    }
+    out
+}
+
+fn draw_before_after(
+    root: &Area,
+    report: &EvalReport,
+    base: &ModelEval,
+    adapter: &ModelEval,
+    envs: &[String],
+    name: &str,
+) -> Result<()> {
+    let mode = if report.greedy { "greedy" } else { "sampled" };
+    let title = format!(
+        "{name}: base vs adapter ({} episodes per env, {mode}; whiskers: 95% CI)",
+        report.episodes
+    );
+    let body = root.titled(&title, font(24.0)).map_err(plot_err)?;
+    let (legend_strip, panels_area) = body.split_vertically(40);
+    // Legend across the top, centred.
+    let (lw, _) = legend_strip.dim_in_pixel();
+    let x0 = lw as i32 / 2 - 120;
+    for (k, (label, color)) in [("base", BASE_COLOR), ("adapter", ADAPTER_COLOR)]
+        .into_iter()
+        .enumerate()
+    {
+        let x = x0 + 140 * k as i32;
+        legend_strip
+            .draw(&Rectangle::new([(x, 8), (x + 28, 26)], color.filled()))
+            .map_err(plot_err)?;
+        legend_strip
+            .draw(&Text::new(label, (x + 36, 7), font(18.0)))
+            .map_err(plot_err)?;
+    }
+    let cols = if envs.len() == 1 { 1 } else { 2 };
+    let rows = envs.len().div_ceil(cols);
+    let panels = panels_area.split_evenly((rows, cols));
+    for (env, panel) in envs.iter().zip(&panels) {
+        draw_env_panel(panel, env, base.envs.get(env), adapter.envs.get(env))?;
+    }
+    Ok(())
+}
+
+fn draw_env_panel(
+    area: &Area,
+    env: &str,
+    base: Option<&EnvEval>,
+    adapter: Option<&EnvEval>,
+) -> Result<()> {
+    let bars = metric_bars(base, adapter);
+    let n = bars.len();
+    let mut ys = vec![0.0];
+    for (_, vals) in &bars {
+        for (v, ci) in vals.iter().flatten() {
+            ys.push(*v);
+            if let Some([lo, hi]) = ci {
+                ys.push(*lo);
+                ys.push(*hi);
+            }
+        }
+    }
+    let (mut lo, mut hi) = padded_range(&ys);
+    // Bars start at zero: keep zero on the axis edge when all values are >= 0, and
+    // leave head-room for the value labels.
+    if ys.iter().all(|v| !v.is_finite() || *v >= 0.0) {
+        lo = 0.0;
+    } else {
+        lo -= (hi - lo) * 0.06;
+    }
+    hi += (hi - lo) * 0.08;
+    let seats = base
+        .or(adapter)
+        .map(|e| format!(" ({} episodes, {} seats)", e.episodes, e.seats))
+        .unwrap_or_default();
+    let names: Vec<String> = bars.iter().map(|(m, _)| m.clone()).collect();
+    let mut chart = ChartBuilder::on(area)
+        .caption(format!("{env}{seats}"), font(20.0))
+        .margin(14)
+        .x_label_area_size(40)
+        .y_label_area_size(64)
+        .build_cartesian_2d(-0.5..n as f64 - 0.5, lo..hi)
+        .map_err(plot_err)?;
+    // Metric i is centred on x = i; asking for n + 1 labels makes the ticks exactly
+    // the integers, which are named after their metric.
+    let label_of = |v: &f64| {
+        let i = v.round();
+        if (v - i).abs() < 1e-6 && i >= 0.0 {
+            names.get(i as usize).cloned().unwrap_or_default()
+        } else {
+            String::new()
+        }
+    };
+    chart
+        .configure_mesh()
+        .disable_x_mesh()
+        .x_labels(n + 1)
+        .y_desc("value")
+        .y_labels(8)
+        .x_label_formatter(&label_of)
+        .y_label_formatter(&|v| fmt_tick(*v))
+        .label_style(font(15.0))
+        .axis_desc_style(font(17.0))
+        .light_line_style(RGBColor(238, 238, 238))
+        .bold_line_style(RGBColor(215, 215, 215))
+        .draw()
+        .map_err(plot_err)?;
+    if lo < 0.0 {
+        chart
+            .draw_series(std::iter::once(PathElement::new(
+                vec![(-0.5, 0.0), (n as f64 - 0.5, 0.0)],
+                BLACK.stroke_width(1),
+            )))
+            .map_err(plot_err)?;
+    }
+    let value_style = font(13.0).pos(plotters::style::text_anchor::Pos::new(
+        plotters::style::text_anchor::HPos::Center,
+        plotters::style::text_anchor::VPos::Bottom,
+    ));
+    let value_below = font(13.0).pos(plotters::style::text_anchor::Pos::new(
+        plotters::style::text_anchor::HPos::Center,
+        plotters::style::text_anchor::VPos::Top,
+    ));
+    for (i, (_, vals)) in bars.iter().enumerate() {
+        for (k, v) in vals.iter().enumerate() {
+            let Some((v, ci)) = v else { continue };
+            if !v.is_finite() {
+                continue;
+            }
+            let color = if k == 0 { BASE_COLOR } else { ADAPTER_COLOR };
+            let x0 = i as f64 - 0.38 + 0.39 * k as f64;
+            let x1 = x0 + 0.36;
+            let xm = (x0 + x1) / 2.0;
+            chart
+                .draw_series(std::iter::once(Rectangle::new(
+                    [(x0, 0.0), (x1, *v)],
+                    color.filled(),
+                )))
+                .map_err(plot_err)?;
+            let mut top = *v;
+            if let Some([clo, chi]) = ci.filter(|c| c[0].is_finite() && c[1].is_finite()) {
+                let w = 0.07;
+                let whisker = BLACK.stroke_width(2);
+                chart
+                    .draw_series([
+                        PathElement::new(vec![(xm, clo), (xm, chi)], whisker),
+                        PathElement::new(vec![(xm - w, clo), (xm + w, clo)], whisker),
+                        PathElement::new(vec![(xm - w, chi), (xm + w, chi)], whisker),
+                    ])
+                    .map_err(plot_err)?;
+                top = top.max(chi);
+            }
+            // The value above a bar (and its whisker), or below a negative one.
+            let label = if *v >= 0.0 {
+                EmptyElement::at((xm, top.max(0.0)))
+                    + Text::new(fmt_tick(*v), (0, -3), value_style.clone())
+            } else {
+                let bottom = ci.map_or(*v, |c| c[0].min(*v));
+                EmptyElement::at((xm, bottom))
+                    + Text::new(fmt_tick(*v), (0, 3), value_below.clone())
+            };
+            chart
+                .draw_series(std::iter::once(label))
+                .map_err(plot_err)?;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn csv_by_header_name_with_nan_and_empty() {
+        let text = "stage,step,env,reward,rewards/format/mean,rewards/format/std,kl,skipped\n\
+                    main,1,tm,0.5,1,0,,0\r\n\
+                    main,2,tm,nan,0.5,0.1,0.01,1\n\
+                    \n\
+                    dumb,3,tm,-1.25,,,inf,0\n";
+        let log = TrainingLog::parse(text).unwrap();
+        assert_eq!(log.len(), 3);
+        assert_eq!(log.steps, vec![1.0, 2.0, 3.0]);
+        assert_eq!(log.stages, vec!["main", "main", "dumb"]);
+        assert_eq!(log.envs, vec!["tm", "tm", "tm"]);
+        let r = log.column("reward").unwrap();
+        assert_eq!(r[0], 0.5);
+        assert!(r[1].is_nan());
+        assert_eq!(r[2], -1.25);
+        let kl = log.column("kl").unwrap();
+        assert!(kl[0].is_nan() && kl[2].is_nan());
+        assert_eq!(kl[1], 0.01);
+        let f = log.column("rewards/format/mean").unwrap();
+        assert_eq!(f[..2], [1.0, 0.5]);
+        assert!(f[2].is_nan());
+        assert_eq!(log.component_names(), vec!["format"]);
+        assert_eq!(log.skipped(), vec![false, true, false]);
+        assert!(log.column("stage").is_none());
+        assert!(log.column("nope").is_none());
+    }
+
+    #[test]
+    fn csv_errors_are_clear() {
+        let e = TrainingLog::parse("").unwrap_err();
+        assert!(format!("{e:#}").contains("empty"));
+        let e = TrainingLog::parse("reward\n1\n").unwrap_err();
+        assert!(format!("{e:#}").contains("`step`"));
+        let e = TrainingLog::parse("step,reward\n1,2\nx,3\n").unwrap_err();
+        assert!(format!("{e:#}").contains("line 3"), "{e:#}");
+        let e = TrainingLog::parse("step,reward\n1,2,3\n").unwrap_err();
+        assert!(format!("{e:#}").contains("line 2: 3 fields"), "{e:#}");
+    }
+
+    #[test]
+    fn csv_quoted_fields() {
+        assert_eq!(
+            split_csv_line(r#"1,"a,b","say ""hi""",,x"#),
+            vec!["1", "a,b", r#"say "hi""#, "", "x"]
+        );
+    }
+
+    #[test]
+    fn rolling_mean_by_hand() {
+        let v = [1.0, 2.0, 3.0, 4.0, 5.0];
+        assert_eq!(rolling_mean(&v, 1), v.to_vec());
+        assert_eq!(rolling_mean(&v, 3), vec![1.0, 1.5, 2.0, 3.0, 4.0]);
+        assert_eq!(rolling_mean(&v, 10), vec![1.0, 1.5, 2.0, 2.5, 3.0]);
+        // NaNs are skipped; a window of only NaNs is NaN.
+        let v = [f64::NAN, 2.0, f64::NAN, f64::NAN, 6.0];
+        let m = rolling_mean(&v, 2);
+        assert!(m[0].is_nan());
+        assert_eq!(m[1], 2.0);
+        assert_eq!(m[2], 2.0);
+        assert!(m[3].is_nan());
+        assert_eq!(m[4], 6.0);
+        assert!(rolling_mean(&[], 3).is_empty());
+        assert_eq!(rolling_mean(&[4.0, 8.0], 0), vec![4.0, 8.0]);
+    }
+
+    #[test]
+    fn stage_boundaries_found() {
+        let s: Vec<String> = ["a", "a", "b", "b", "b", "c", "a"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        assert_eq!(
+            stage_boundaries(&s),
+            vec![(2, "b".into()), (5, "c".into()), (6, "a".into())]
+        );
+        assert!(stage_boundaries(&s[..2]).is_empty());
+        assert!(stage_boundaries(&[]).is_empty());
+    }
+
+    #[test]
+    fn ranges_are_never_degenerate() {
+        assert_eq!(padded_range(&[f64::NAN, f64::NAN]), (0.0, 1.0));
+        assert_eq!(padded_range(&[]), (0.0, 1.0));
+        assert_eq!(padded_range(&[2.0, 2.0]), (1.5, 2.5));
+        assert_eq!(padded_range(&[0.0]), (-0.5, 0.5));
+        assert_eq!(padded_range(&[100.0]), (90.0, 110.0));
+        let (lo, hi) = padded_range(&[0.0, f64::NAN, 10.0]);
+        assert!((lo + 0.5).abs() < 1e-12 && (hi - 10.5).abs() < 1e-12);
+        assert_eq!(step_range(&[7.0]), (5.0, 9.0));
+    }
+
+    #[test]
+    fn segments_break_at_nan() {
+        let xs = [1.0, 2.0, 3.0, 4.0, 5.0];
+        let ys = [1.0, f64::NAN, 3.0, 4.0, f64::NAN];
+        assert_eq!(
+            finite_segments(&xs, &ys),
+            vec![vec![(1.0, 1.0)], vec![(3.0, 3.0), (4.0, 4.0)]]
+        );
+    }
+
+    #[test]
+    fn tick_format() {
+        assert_eq!(fmt_tick(0.0), "0");
+        assert_eq!(fmt_tick(0.25), "0.25");
+        assert_eq!(fmt_tick(1.5), "1.5");
+        assert_eq!(fmt_tick(-0.0001), "0");
+        assert_eq!(fmt_tick(12345.6), "12346");
+        assert_eq!(fmt_step(5.0), "5");
+        assert_eq!(fmt_step(5.5), "");
+    }
+
+    #[test]
+    fn eval_report_round_trips() {
+        let json = r#"{"config":"configs/x.toml","episodes":64,"greedy":false,"first_seed":9223372036854775808,
+          "models":{"base":{"adapter":null,"envs":{"ticketmelt":{"episodes":64,"seats":64,"reward_mean":0.41,"reward_ci95":[0.37,0.45],"win_rate":0.35,"win_ci95":[0.29,0.42],"components":{"r1_own":0.8,"r2_team":0.3}}}}}}"#;
+        let r: EvalReport = serde_json::from_str(json).unwrap();
+        assert_eq!(r.first_seed, 1u64 << 63);
+        assert!(r.models["base"].adapter.is_none());
+        let e = &r.models["base"].envs["ticketmelt"];
+        assert_eq!(e.win_ci95, [0.29, 0.42]);
+        assert_eq!(e.components["r2_team"], 0.3);
+        let back: EvalReport = serde_json::from_str(&serde_json::to_string(&r).unwrap()).unwrap();
+        assert_eq!(back, r);
+    }
+
+    #[test]
+    fn metric_bars_order_and_union() {
+        let mk = |comps: &[(&str, f64)]| EnvEval {
+            episodes: 4,
+            seats: 8,
+            reward_mean: 0.5,
+            reward_ci95: [0.4, 0.6],
+            win_rate: 0.25,
+            win_ci95: [0.1, 0.4],
+            components: comps.iter().map(|(k, v)| (k.to_string(), *v)).collect(),
+        };
+        let b = mk(&[("a", 1.0)]);
+        let a = mk(&[("a", 2.0), ("b", 3.0)]);
+        let bars = metric_bars(Some(&b), Some(&a));
+        let names: Vec<&str> = bars.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(names, vec!["win_rate", "reward_mean", "a", "b"]);
+        assert_eq!(bars[0].1[0], Some((0.25, Some([0.1, 0.4]))));
+        assert_eq!(bars[3].1[0], None);
+        assert_eq!(bars[3].1[1], Some((3.0, None)));
+    }
+}
