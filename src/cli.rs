@@ -25,6 +25,8 @@ pub enum Command {
     Generate(crate::sample::GenerateArgs),
     /// GRPO training: `concord train --config F [--set k=v]... [--resume DIR]`.
     Train(crate::grpo::trainer::TrainArgs),
+    /// Play held-out episodes: reward components, win rates, 95% CIs (`--compare`: base vs adapter).
+    Eval(crate::eval::EvalArgs),
     /// Benchmarks (`bench sample`, `bench train`).
     Bench(BenchArgs),
     /// Draw reward_curve.png, components.png (and before_after.png after `eval --compare`) for a run directory.
@@ -63,6 +65,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Score(args) => crate::model::cli::run_score(args),
         Command::Generate(args) => crate::sample::run_generate(args),
         Command::Train(args) => crate::grpo::trainer::run_train(args),
+        Command::Eval(args) => crate::eval::run_eval(args),
         Command::Bench(args) => match args.command {
             BenchCommand::Sample(a) => crate::sample::run_bench_sample(a),
             BenchCommand::Train(a) => crate::grpo::trainer::bench_train(a),

@@ -7,6 +7,7 @@ pub mod cli;
 pub mod config;
 pub mod curriculum;
 pub mod envs;
+pub mod eval;
 pub mod grpo;
 pub mod model;
 pub mod plot;

@@ -971,6 +971,14 @@ impl Environment for MergeRing {
             scalar: merge + bypass + collision,
         }
     }
+    /// As in the baseline table: no collision and better than always bypassing.
+    fn won(&self, seat: usize) -> bool {
+        if seat >= self.cfg.agents {
+            return false;
+        }
+        let t = self.tally(seat);
+        t.collisions == 0 && t.mean() > self.cfg.rewards.bypass + 1e-9
+    }
     fn continuation_action(&mut self, seat: usize) -> String {
         answer_text(self.strategy_action(Strategy::Heuristic, seat.min(self.cfg.agents - 1)))
     }

@@ -122,6 +122,14 @@ pub trait Environment: Send {
         let _ = seat;
         true
     }
+    /// Whether `seat` won the (finished) episode; what the baseline tables count.
+    /// Default: a `win` reward component of at least 0.5.
+    fn won(&self, seat: usize) -> bool {
+        self.reward(seat)
+            .components
+            .get("win")
+            .is_some_and(|w| *w >= 0.5)
+    }
     /// Play to the end with the continuation policy in every policy seat.
     fn rollout(&mut self) {
         while !self.done() {

@@ -1079,6 +1079,15 @@ pub fn run_train(args: TrainArgs) -> Result<()> {
     let mut t = Trainer::with_stages(cfg, model, renderer, stages, base, args.resume.is_some())?;
     let started = Instant::now();
     t.train()?;
+    // Plots are a convenience: a failure to draw them must not fail the run.
+    match crate::plot::plot_run(&t.run_dir, 10) {
+        Ok(files) => {
+            for f in files {
+                eprintln!("wrote {}", f.display());
+            }
+        }
+        Err(e) => eprintln!("warning: plots not written: {e:#}"),
+    }
     eprintln!(
         "done: {} steps in {:.1}s; adapter in {}",
         t.state.step,

@@ -1,0 +1,445 @@
+//! `concord eval`: play held-out episodes with the model in the policy seats and
+//! report reward components, win rates and 95% confidence intervals, for the base
+//! model, an adapter, or both on the same seeds (`--compare`).
+//!
+//! Episodes come from seeds with [`envs::HELD_OUT_BIT`] set, which training never
+//! draws. Every sampled action has its own RNG stream keyed by (episode, round, seat),
+//! so results do not depend on how episodes are batched, and base and adapter face
+//! the same episodes with the same random numbers.
+use crate::config::Config;
+use crate::envs::{self, wilson_ci, EnvFactory, Environment};
+use crate::grpo::trainer::{load_model, mix, Renderer};
+use crate::model::qwen2::Qwen2;
+use crate::sample::{self, GroupRequest, SamplingParams};
+use anyhow::{bail, Context, Result};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+pub use crate::plot::{EnvEval, EvalReport, ModelEval};
+
+#[derive(clap::Args, Debug)]
+pub struct EvalArgs {
+    /// The run configuration: model, environments (those of the last stage), sampling.
+    #[arg(long)]
+    pub config: PathBuf,
+    /// Override a config key (repeatable), as for `train`.
+    #[arg(long = "set", value_name = "SECTION.KEY=VALUE")]
+    pub sets: Vec<String>,
+    /// PEFT adapter directory (default: the config's run directory).
+    #[arg(long, conflicts_with = "base")]
+    pub adapter: Option<PathBuf>,
+    /// Evaluate the base model without any adapter.
+    #[arg(long)]
+    pub base: bool,
+    /// Evaluate base and adapter on the same seeds and print the before/after table.
+    #[arg(long, conflicts_with = "base")]
+    pub compare: bool,
+    /// Episodes per environment.
+    #[arg(long, default_value_t = 100)]
+    pub episodes: usize,
+    /// Greedy decoding instead of the config's sampling parameters.
+    #[arg(long)]
+    pub greedy: bool,
+    /// Print the report as JSON.
+    #[arg(long)]
+    pub json: bool,
+    /// Where to write eval.json (default: into the adapter's directory).
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// Prompts sampled together.
+    #[arg(long, default_value_t = 32)]
+    pub batch: usize,
+}
+
+/// The environments evaluated: those of the last stage (or `[env]`), with its options.
+pub fn eval_envs(cfg: &Config) -> Result<Vec<(String, Box<dyn EnvFactory>)>> {
+    let stage = match cfg.stages.last() {
+        None => {
+            let env = cfg.env.as_ref().context("missing [env] (or [[stage]] tables)")?;
+            return Ok(vec![(env.name.clone(), envs::create(&env.name, &env.options)?)]);
+        }
+        Some(s) => s,
+    };
+    let names: Vec<String> = if stage.envs.is_empty() {
+        vec![cfg
+            .env
+            .as_ref()
+            .context("the last stage names no envs and there is no [env]")?
+            .name
+            .clone()]
+    } else {
+        stage
+            .envs
+            .iter()
+            .filter(|(_, w)| **w > 0.0)
+            .map(|(n, _)| n.clone())
+            .collect()
+    };
+    names
+        .into_iter()
+        .map(|n| {
+            let opts = match (stage.options.get(&n), &cfg.env) {
+                (Some(o), _) => o.clone(),
+                (None, Some(e)) if e.name == n => e.options.clone(),
+                _ => envs::Options::new(),
+            };
+            let f = envs::create(&n, &opts)?;
+            Ok((n, f))
+        })
+        .collect()
+}
+
+/// Per-seat outcomes of a finished evaluation, before summarising.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Outcomes {
+    pub episodes: usize,
+    pub rewards: Vec<f64>,
+    pub wins: Vec<bool>,
+    pub components: Vec<BTreeMap<String, f64>>,
+}
+
+/// Mean, and a 95% normal-approximation interval of the mean (`mean ± 1.96 s/√n`,
+/// `s` the sample standard deviation; a zero-width interval for fewer than 2 values).
+pub fn mean_ci(xs: &[f64]) -> (f64, [f64; 2]) {
+    let n = xs.len();
+    if n == 0 {
+        return (f64::NAN, [f64::NAN, f64::NAN]);
+    }
+    let mean = xs.iter().sum::<f64>() / n as f64;
+    if n < 2 {
+        return (mean, [mean, mean]);
+    }
+    let var = xs.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1) as f64;
+    let half = 1.959_963_984_540_054 * (var / n as f64).sqrt();
+    (mean, [mean - half, mean + half])
+}
+
+impl Outcomes {
+    pub fn summarise(&self) -> EnvEval {
+        let (reward_mean, reward_ci95) = mean_ci(&self.rewards);
+        let wins = self.wins.iter().filter(|w| **w).count();
+        let n = self.wins.len();
+        let mut sums: BTreeMap<String, f64> = BTreeMap::new();
+        for c in &self.components {
+            for (k, v) in c {
+                *sums.entry(k.clone()).or_default() += v;
+            }
+        }
+        let components = sums
+            .into_iter()
+            .map(|(k, v)| (k, v / self.components.len().max(1) as f64))
+            .collect();
+        EnvEval {
+            episodes: self.episodes,
+            seats: n,
+            reward_mean,
+            reward_ci95,
+            win_rate: if n == 0 { f64::NAN } else { wins as f64 / n as f64 },
+            win_ci95: wilson_ci(wins, n),
+            components,
+        }
+    }
+}
+
+/// Play `episodes` held-out episodes of `factory` with `model` (as it is: adapter on
+/// or off) in every policy seat, `batch` prompts per sampling call.
+pub fn play(
+    model: &Qwen2,
+    renderer: &dyn Renderer,
+    factory: &dyn EnvFactory,
+    episodes: usize,
+    params: &SamplingParams,
+    batch: usize,
+) -> Result<Outcomes> {
+    let mut eps: Vec<Box<dyn Environment>> = (0..episodes as u64)
+        .map(|i| factory.reset(envs::eval_seed(i)))
+        .collect();
+    let decode = |ids: &[u32]| renderer.decode(ids);
+    let mut round = 0u64;
+    loop {
+        let pending: Vec<(usize, Vec<usize>)> = eps
+            .iter()
+            .enumerate()
+            .filter(|(_, e)| !e.done())
+            .map(|(i, e)| (i, e.policy_seats()))
+            .collect();
+        if pending.is_empty() {
+            break;
+        }
+        if round > 100_000 {
+            bail!("{}: episodes did not end after {round} rounds", factory.name());
+        }
+        let slots: Vec<(usize, usize)> = pending
+            .iter()
+            .flat_map(|(i, seats)| seats.iter().map(move |s| (*i, *s)))
+            .collect();
+        let mut texts: BTreeMap<(usize, usize), String> = BTreeMap::new();
+        for chunk in slots.chunks(batch.max(1)) {
+            let prompts: Vec<Vec<u32>> = chunk
+                .iter()
+                .map(|&(i, s)| Ok(renderer.render(&eps[i].observation(s))?.1))
+                .collect::<Result<_>>()?;
+            let reqs: Vec<GroupRequest> = chunk
+                .iter()
+                .zip(&prompts)
+                .map(|(&(i, s), p)| GroupRequest {
+                    prompt: p,
+                    num: 1,
+                    stream_prompt: mix(mix(i as u64, round), s as u64) as usize,
+                    first_sample: 0,
+                })
+                .collect();
+            let (out, _) = sample::sample_requests(model, &decode, &reqs, params, params.seed)?;
+            for (&slot, comps) in chunk.iter().zip(out) {
+                let text = comps.into_iter().next().map(|c| c.text).unwrap_or_default();
+                texts.insert(slot, text);
+            }
+        }
+        for (i, seats) in &pending {
+            let actions: Vec<String> = seats
+                .iter()
+                .map(|s| texts.remove(&(*i, *s)).unwrap_or_default())
+                .collect();
+            eps[*i].step(&actions)?;
+        }
+        round += 1;
+    }
+    let mut out = Outcomes {
+        episodes,
+        ..Outcomes::default()
+    };
+    for e in &eps {
+        for s in e.policy_seats() {
+            let r = e.reward(s);
+            out.rewards.push(r.scalar);
+            out.wins.push(e.won(s));
+            out.components.push(r.components);
+        }
+    }
+    Ok(out)
+}
+
+fn sampling(cfg: &Config, greedy: bool, stop_ids: Vec<u32>) -> SamplingParams {
+    let g = match cfg.stages.last() {
+        Some(s) => crate::curriculum::resolve_config(cfg, s)
+            .map(|c| c.grpo)
+            .unwrap_or_else(|_| cfg.grpo.clone()),
+        None => cfg.grpo.clone(),
+    };
+    SamplingParams {
+        temperature: if greedy { 0.0 } else { g.temperature as f32 },
+        top_p: g.top_p as f32,
+        top_k: g.top_k,
+        min_p: g.min_p as f32,
+        repetition_penalty: g.repetition_penalty as f32,
+        max_new_tokens: g.max_completion_length,
+        min_new_tokens: 0,
+        stop_token_ids: stop_ids,
+        stop_strings: Vec::new(),
+        seed: mix(cfg.run.seed, 0xE7A1),
+    }
+}
+
+fn default_adapter(cfg: &Config) -> Result<PathBuf> {
+    let dir = cfg.run_dir();
+    if dir.join(crate::model::lora::ADAPTER_WEIGHTS).exists() {
+        Ok(dir)
+    } else {
+        bail!(
+            "no adapter in {} (the config's run directory): give --adapter DIR, or --base",
+            dir.display()
+        )
+    }
+}
+
+pub fn run_eval(args: EvalArgs) -> Result<()> {
+    let cfg = Config::load(&args.config, &args.sets)?;
+    if args.episodes == 0 {
+        bail!("--episodes must be >= 1");
+    }
+    let adapter = if args.base {
+        None
+    } else {
+        Some(match &args.adapter {
+            Some(a) => a.clone(),
+            None => default_adapter(&cfg)?,
+        })
+    };
+    let envs = eval_envs(&cfg)?;
+    let (mut model, renderer, _) = load_model(&cfg)?;
+    let params = sampling(&cfg, args.greedy, renderer.stop_ids());
+    let mut labels: Vec<(&str, Option<&Path>)> = Vec::new();
+    if args.base || args.compare {
+        labels.push(("base", None));
+    }
+    if let Some(a) = &adapter {
+        labels.push(("adapter", Some(a.as_path())));
+    }
+    let mut report = EvalReport {
+        config: args.config.display().to_string(),
+        episodes: args.episodes,
+        greedy: args.greedy,
+        first_seed: envs::eval_seed(0),
+        models: BTreeMap::new(),
+    };
+    for (label, dir) in labels {
+        match dir {
+            Some(d) => model
+                .load_adapter(d)
+                .with_context(|| format!("loading adapter {}", d.display()))?,
+            None => model.set_adapter_enabled(false),
+        }
+        let mut per_env = BTreeMap::new();
+        for (name, factory) in &envs {
+            if !args.json {
+                eprintln!("{label}: {name}, {} episodes", args.episodes);
+            }
+            let o = play(
+                &model,
+                renderer.as_ref(),
+                factory.as_ref(),
+                args.episodes,
+                &params,
+                args.batch,
+            )?;
+            per_env.insert(name.clone(), o.summarise());
+        }
+        report.models.insert(
+            label.to_string(),
+            ModelEval {
+                adapter: dir.map(|d| d.display().to_string()),
+                envs: per_env,
+            },
+        );
+    }
+    let out = args
+        .out
+        .clone()
+        .or_else(|| adapter.as_ref().map(|a| a.join("eval.json")));
+    if let Some(p) = &out {
+        crate::grpo::atomic_write_bytes(p, &serde_json::to_vec_pretty(&report)?)?;
+    }
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!("{}", table(&report));
+        if let Some(p) = &out {
+            println!("wrote {}", p.display());
+        }
+    }
+    Ok(())
+}
+
+fn fmt_ci(v: f64, ci: [f64; 2]) -> String {
+    format!("{v:.3} [{:.3}, {:.3}]", ci[0], ci[1])
+}
+
+/// The before/after table (markdown): one block per environment.
+pub fn table(r: &EvalReport) -> String {
+    // Before, then after.
+    let mut labels: Vec<&String> = r.models.keys().collect();
+    labels.sort_by_key(|l| (l.as_str() != "base", l.as_str() != "adapter", l.to_string()));
+    let mut envs: Vec<&String> = r.models.values().flat_map(|m| m.envs.keys()).collect();
+    envs.sort();
+    envs.dedup();
+    let both = r.models.contains_key("base") && r.models.contains_key("adapter");
+    let mut s = String::new();
+    for env in envs {
+        let get = |l: &str| r.models.get(l).and_then(|m| m.envs.get(env.as_str()));
+        let any = labels.iter().find_map(|l| get(l));
+        let Some(first) = any else { continue };
+        s.push_str(&format!(
+            "\n{env}: {} episodes, {} seats, {}\n\n| metric |",
+            first.episodes,
+            first.seats,
+            if r.greedy { "greedy" } else { "sampled" }
+        ));
+        for l in &labels {
+            s.push_str(&format!(" {l} |"));
+        }
+        if both {
+            s.push_str(" delta |");
+        }
+        s.push_str("\n|---|");
+        for _ in 0..labels.len() + both as usize {
+            s.push_str("---|");
+        }
+        s.push('\n');
+        let mut rows: Vec<(String, Box<dyn Fn(&EnvEval) -> (f64, Option<[f64; 2]>)>)> = vec![
+            (
+                "win rate".into(),
+                Box::new(|e: &EnvEval| (e.win_rate, Some(e.win_ci95))),
+            ),
+            (
+                "reward".into(),
+                Box::new(|e: &EnvEval| (e.reward_mean, Some(e.reward_ci95))),
+            ),
+        ];
+        for k in first.components.keys() {
+            let k2 = k.clone();
+            rows.push((
+                k.clone(),
+                Box::new(move |e: &EnvEval| {
+                    (e.components.get(&k2).copied().unwrap_or(f64::NAN), None)
+                }),
+            ));
+        }
+        for (name, f) in &rows {
+            s.push_str(&format!("| {name} |"));
+            for l in &labels {
+                match get(l).map(|e| f(e)) {
+                    Some((v, Some(ci))) => s.push_str(&format!(" {} |", fmt_ci(v, ci))),
+                    Some((v, None)) => s.push_str(&format!(" {v:.3} |")),
+                    None => s.push_str(" - |"),
+                }
+            }
+            if both {
+                match (get("base"), get("adapter")) {
+                    (Some(b), Some(a)) => s.push_str(&format!(" {:+.3} |", f(a).0 - f(b).0)),
+                    _ => s.push_str(" - |"),
+                }
+            }
+            s.push('\n');
+        }
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mean_ci_by_hand() {
+        // mean 2.5, sample variance 5/3, half-width 1.96 * sqrt(5/12)
+        let (m, ci) = mean_ci(&[1.0, 2.0, 3.0, 4.0]);
+        assert_eq!(m, 2.5);
+        let half = 1.959_963_984_540_054 * (5.0f64 / 12.0).sqrt();
+        assert!((ci[0] - (2.5 - half)).abs() < 1e-12 && (ci[1] - (2.5 + half)).abs() < 1e-12);
+        assert_eq!(mean_ci(&[0.7]), (0.7, [0.7, 0.7]));
+        assert!(mean_ci(&[]).0.is_nan());
+    }
+
+    #[test]
+    fn summary_counts_wins_and_averages_components() {
+        let o = Outcomes {
+            episodes: 4,
+            rewards: vec![1.0, 0.0, 1.0, 1.0],
+            wins: vec![true, false, true, true],
+            components: vec![
+                BTreeMap::from([("a".to_string(), 1.0)]),
+                BTreeMap::from([("a".to_string(), 0.0)]),
+                BTreeMap::from([("a".to_string(), 0.5)]),
+                BTreeMap::from([("a".to_string(), 0.5)]),
+            ],
+        };
+        let e = o.summarise();
+        assert_eq!((e.episodes, e.seats), (4, 4));
+        assert_eq!(e.win_rate, 0.75);
+        assert_eq!(e.win_ci95, wilson_ci(3, 4));
+        // Wilson 95% for 3/4 (hand-computed): [0.3006, 0.9544]
+        assert!((e.win_ci95[0] - 0.3006).abs() < 1e-3 && (e.win_ci95[1] - 0.9544).abs() < 1e-3);
+        assert_eq!(e.reward_mean, 0.75);
+        assert_eq!(e.components["a"], 0.5);
+    }
+}
