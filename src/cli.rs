@@ -27,6 +27,8 @@ pub enum Command {
     Train(crate::grpo::trainer::TrainArgs),
     /// Benchmarks (`bench sample`, `bench train`).
     Bench(BenchArgs),
+    /// Upload a run's adapter, logs, plots and a model card to the Hugging Face Hub.
+    Export(crate::hub::ExportArgs),
 }
 
 #[derive(clap::Args)]
@@ -65,5 +67,6 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             BenchCommand::Sample(a) => crate::sample::run_bench_sample(a),
             BenchCommand::Train(a) => crate::grpo::trainer::bench_train(a),
         },
+        Command::Export(args) => crate::hub::run_export(args),
     }
 }

@@ -7,5 +7,6 @@ pub mod cli;
 pub mod config;
 pub mod envs;
 pub mod grpo;
+pub mod hub;
 pub mod model;
 pub mod sample;
