@@ -16,6 +16,7 @@
 //! The token is held in [`HfToken`], whose `Debug`/`Display` print `hf_***`; server
 //! messages quoted in errors are scrubbed of it, and it is never sent to storage URLs
 //! handed out by the LFS batch API.
+use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -494,7 +495,7 @@ pub fn export(opts: &ExportOptions, endpoint: &str, token: &HfToken) -> Result<E
         "the commit",
         "POST",
         &format!("{endpoint}/api/models/{repo}/commit/{rev}"),
-        Payload::Raw("application/x-ndjson", ndjson.as_bytes()),
+        Payload::Raw(Some("application/x-ndjson"), ndjson.as_bytes()),
         &[],
     )?;
     let commit: CommitResponse = reply.json("the commit").unwrap_or_default();
@@ -625,7 +626,7 @@ fn upload_lfs(
                     &what,
                     "PUT",
                     &upload.href,
-                    Payload::Raw("application/octet-stream", bytes),
+                    Payload::Raw(None, bytes),
                     &headers,
                     false,
                     &[],
@@ -688,7 +689,7 @@ fn upload_multipart(
             &format!("{what} (part {n})"),
             "PUT",
             url,
-            Payload::Raw("application/octet-stream", &bytes[start..end]),
+            Payload::Raw(None, &bytes[start..end]),
             &[],
             false,
             &[],
@@ -729,7 +730,9 @@ fn string_headers(h: &BTreeMap<String, Value>) -> Vec<(String, String)> {
 enum Payload<'a> {
     Json(&'a Value),
     Lfs(&'a Value),
-    Raw(&'a str, &'a [u8]),
+    /// Bytes with an optional content type (none for presigned storage URLs, which
+    /// may be signed without one).
+    Raw(Option<&'a str>, &'a [u8]),
 }
 
 struct Reply {
@@ -791,14 +794,19 @@ impl<'a> Hub<'a> {
         auth: bool,
         allow: &[u16],
     ) -> Result<Reply> {
-        let (content_type, accept, body): (&str, Option<&str>, Vec<u8>) = match &payload {
-            Payload::Json(v) => ("application/json", None, v.to_string().into_bytes()),
-            Payload::Lfs(v) => (
-                LFS_CONTENT_TYPE,
-                Some(LFS_CONTENT_TYPE),
-                v.to_string().into_bytes(),
+        type Parts<'b> = (Option<&'b str>, Option<&'b str>, Cow<'b, [u8]>);
+        let (content_type, accept, body): Parts<'_> = match payload {
+            Payload::Json(v) => (
+                Some("application/json"),
+                None,
+                Cow::Owned(v.to_string().into_bytes()),
             ),
-            Payload::Raw(ct, b) => (ct, None, b.to_vec()),
+            Payload::Lfs(v) => (
+                Some(LFS_CONTENT_TYPE),
+                Some(LFS_CONTENT_TYPE),
+                Cow::Owned(v.to_string().into_bytes()),
+            ),
+            Payload::Raw(ct, b) => (ct, None, Cow::Borrowed(b)),
         };
         let mut last_error = String::new();
         for attempt in 1..=MAX_ATTEMPTS {
@@ -809,8 +817,8 @@ impl<'a> Hub<'a> {
             let has_content_type = headers
                 .iter()
                 .any(|(k, _)| k.eq_ignore_ascii_case("content-type"));
-            if !has_content_type {
-                req = req.set("Content-Type", content_type);
+            if let Some(ct) = content_type.filter(|_| !has_content_type) {
+                req = req.set("Content-Type", ct);
             }
             if let Some(a) = accept {
                 req = req.set("Accept", a);
@@ -946,13 +954,14 @@ struct EvalEnv {
     #[serde(default)]
     reward_mean: Option<f64>,
     #[serde(default)]
-    reward_ci95: Option<[f64; 2]>,
+    reward_ci95: Option<[Option<f64>; 2]>,
     #[serde(default)]
     win_rate: Option<f64>,
     #[serde(default)]
-    win_ci95: Option<[f64; 2]>,
+    win_ci95: Option<[Option<f64>; 2]>,
     #[serde(default)]
-    components: BTreeMap<String, f64>,
+    /// NaN is written as null by serde_json.
+    components: BTreeMap<String, Option<f64>>,
 }
 
 /// A parsed `training_log.csv`: header and rows of raw fields.
@@ -1065,10 +1074,17 @@ pub fn model_card(run_dir: &Path, repo: &str) -> Result<String> {
     let eval: Option<EvalFile> = if eval_path.is_file() {
         let text = std::fs::read_to_string(&eval_path)
             .with_context(|| format!("reading {}", eval_path.display()))?;
-        Some(
-            serde_json::from_str(&text)
-                .with_context(|| format!("parsing {}", eval_path.display()))?,
-        )
+        // Still uploaded as is; only the card's table needs it understood.
+        match serde_json::from_str(&text) {
+            Ok(e) => Some(e),
+            Err(e) => {
+                eprintln!(
+                    "warning: {} not understood ({e}); the model card has no eval table",
+                    eval_path.display()
+                );
+                None
+            }
+        }
     } else {
         None
     };
@@ -1328,11 +1344,11 @@ pub fn model_card(run_dir: &Path, repo: &str) -> Result<String> {
             md.push_str("---|---|");
         }
         md.push('\n');
-        let with_ci = |v: Option<f64>, ci: Option<[f64; 2]>| match (v, ci) {
-            (Some(v), Some([lo, hi])) => {
+        let with_ci = |v: Option<f64>, ci: Option<[Option<f64>; 2]>| match (v, ci) {
+            (Some(v), Some([Some(lo), Some(hi)])) => {
                 format!("{} [{}, {}]", fmt_num(v), fmt_num(lo), fmt_num(hi))
             }
-            (Some(v), None) => fmt_num(v),
+            (Some(v), _) => fmt_num(v),
             _ => "–".to_string(),
         };
         let delta = |a: Option<f64>, b: Option<f64>| match (a, b) {
@@ -1352,7 +1368,10 @@ pub fn model_card(run_dir: &Path, repo: &str) -> Result<String> {
                 let comps = r
                     .components
                     .iter()
-                    .map(|(k, v)| format!("{k} {}", fmt_num(*v)))
+                    .map(|(k, v)| match v {
+                        Some(v) => format!("{k} {}", fmt_num(*v)),
+                        None => format!("{k} –"),
+                    })
                     .collect::<Vec<_>>()
                     .join(", ");
                 let _ = write!(

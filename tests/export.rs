@@ -76,6 +76,8 @@ struct State {
     violations: Vec<String>,
     /// Answer every API request with a 403 that echoes the Authorization header.
     deny: bool,
+    /// Answer this many API requests with a 503 first.
+    unavailable: usize,
 }
 
 struct FakeHub {
@@ -103,12 +105,16 @@ impl Request {
 
 impl FakeHub {
     fn start(deny: bool) -> FakeHub {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let base = format!("http://{}", listener.local_addr().unwrap());
-        let state = Arc::new(Mutex::new(State {
+        Self::with_state(State {
             deny,
             ..State::default()
-        }));
+        })
+    }
+
+    fn with_state(state: State) -> FakeHub {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        let state = Arc::new(Mutex::new(state));
         let (st, b) = (state.clone(), base.clone());
         std::thread::spawn(move || {
             for stream in listener.incoming().flatten() {
@@ -210,6 +216,10 @@ fn route(req: &Request, st: &mut State, base: &str) -> Answer {
             .push(req.header("authorization").map(str::to_string));
         if let Some(ua) = req.header("user-agent") {
             st.user_agents.insert(ua.to_string());
+        }
+        if st.unavailable > 0 {
+            st.unavailable -= 1;
+            return (503, vec![], json!({"error": "try later"}).to_string());
         }
         if st.deny {
             let auth = req.header("authorization").unwrap_or("").to_string();
@@ -317,6 +327,9 @@ fn route(req: &Request, st: &mut State, base: &str) -> Answer {
             let oid = oid_q.split('?').next().unwrap_or("").to_string();
             if req.header("x-storage-check") != Some("yes") {
                 return fail(st, 400, "upload action header missing".into());
+            }
+            if req.header("content-type").is_some() {
+                return fail(st, 400, "content type on a presigned PUT".into());
             }
             if sha256_hex(&req.body) != oid {
                 return fail(st, 400, format!("sha256 mismatch for {oid}"));
@@ -790,4 +803,32 @@ fn missing_adapter_is_refused() {
     assert!(!out.status.success(), "{all}");
     assert!(all.contains("adapter_model.safetensors"), "{all}");
     assert!(hub.state().requests.is_empty());
+}
+
+#[test]
+fn server_errors_are_retried_a_bounded_number_of_times() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = fake_run(dir.path());
+    let args = ["export", run.to_str().unwrap(), "--repo", "hank/x"];
+
+    // Two 503s, then the Hub recovers: the third attempt succeeds.
+    let hub = FakeHub::with_state(State {
+        unavailable: 2,
+        ..State::default()
+    });
+    let (out, _) = concord(&args, &hub.base, Some("hf_retry"), dir.path());
+    assert!(out.status.success(), "{}", text(&out));
+    assert_files_arrived(&hub, &run, "main");
+
+    // Always 503: three attempts, then a non-zero exit naming the endpoint.
+    let hub = FakeHub::with_state(State {
+        unavailable: usize::MAX,
+        ..State::default()
+    });
+    let (out, elapsed) = concord(&args, &hub.base, Some("hf_retry"), dir.path());
+    let all = text(&out);
+    assert!(!out.status.success(), "{all}");
+    assert!(all.contains("HTTP 503") && all.contains(&hub.base), "{all}");
+    assert_eq!(hub.state().requests.len(), 3);
+    assert!(elapsed < Duration::from_secs(15), "took {elapsed:?}");
 }
