@@ -31,6 +31,8 @@ pub enum Command {
     Bench(BenchArgs),
     /// Draw reward_curve.png, components.png (and before_after.png after `eval --compare`) for a run directory.
     Plot(crate::plot::PlotArgs),
+    /// Upload a run's adapter, logs, plots and a model card to the Hugging Face Hub.
+    Export(crate::hub::ExportArgs),
 }
 
 #[derive(clap::Args)]
@@ -71,5 +73,6 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             BenchCommand::Train(a) => crate::grpo::trainer::bench_train(a),
         },
         Command::Plot(args) => crate::plot::run_plot(args),
+        Command::Export(args) => crate::hub::run_export(args),
     }
 }

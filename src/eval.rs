@@ -55,8 +55,14 @@ pub struct EvalArgs {
 pub fn eval_envs(cfg: &Config) -> Result<Vec<(String, Box<dyn EnvFactory>)>> {
     let stage = match cfg.stages.last() {
         None => {
-            let env = cfg.env.as_ref().context("missing [env] (or [[stage]] tables)")?;
-            return Ok(vec![(env.name.clone(), envs::create(&env.name, &env.options)?)]);
+            let env = cfg
+                .env
+                .as_ref()
+                .context("missing [env] (or [[stage]] tables)")?;
+            return Ok(vec![(
+                env.name.clone(),
+                envs::create(&env.name, &env.options)?,
+            )]);
         }
         Some(s) => s,
     };
@@ -134,7 +140,11 @@ impl Outcomes {
             seats: n,
             reward_mean,
             reward_ci95,
-            win_rate: if n == 0 { f64::NAN } else { wins as f64 / n as f64 },
+            win_rate: if n == 0 {
+                f64::NAN
+            } else {
+                wins as f64 / n as f64
+            },
             win_ci95: wilson_ci(wins, n),
             components,
         }
@@ -167,7 +177,10 @@ pub fn play(
             break;
         }
         if round > 100_000 {
-            bail!("{}: episodes did not end after {round} rounds", factory.name());
+            bail!(
+                "{}: episodes did not end after {round} rounds",
+                factory.name()
+            );
         }
         let slots: Vec<(usize, usize)> = pending
             .iter()

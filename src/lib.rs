@@ -9,6 +9,7 @@ pub mod curriculum;
 pub mod envs;
 pub mod eval;
 pub mod grpo;
+pub mod hub;
 pub mod model;
 pub mod plot;
 pub mod sample;
