@@ -1,0 +1,113 @@
+//! `concord eval` end to end on the built-in tiny model: a short training run, then
+//! base vs adapter on held-out seeds (`--compare --json`), the report's schema and
+//! invariants, determinism, and the before/after plot drawn from its eval.json.
+use concord::eval::EvalReport;
+use std::path::Path;
+use std::process::Command;
+
+fn concord(args: &[&str]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_concord"))
+        .args(args)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "concord {args:?} failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+#[test]
+fn eval_compare_reports_held_out_episodes() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().display().to_string();
+    let sets = [
+        format!("run.output_dir={d}"),
+        format!("model.name={d}/tiny"),
+        "run.steps=2".to_string(),
+        "run.save_every=0".to_string(),
+        "grpo.max_completion_length=6".to_string(),
+    ];
+    let mut train = vec!["train", "--config", "configs/quickstart.toml"];
+    for s in &sets {
+        train.extend(["--set", s.as_str()]);
+    }
+    concord(&train);
+    let run = dir.path().join("quickstart");
+    assert!(run.join("reward_curve.png").exists());
+
+    let mut eval = vec![
+        "eval",
+        "--config",
+        "configs/quickstart.toml",
+        "--compare",
+        "--episodes",
+        "5",
+        "--json",
+        "--batch",
+        "3",
+    ];
+    for s in &sets {
+        eval.extend(["--set", s.as_str()]);
+    }
+    let out = concord(&eval);
+    let report: EvalReport = serde_json::from_str(&out).unwrap();
+    // Also written beside the adapter, where `plot` and `export` look for it.
+    let written = EvalReport::read(&run.join("eval.json")).unwrap();
+    assert_eq!(report, written);
+    assert_eq!(report.episodes, 5);
+    assert_eq!(report.first_seed, concord::envs::eval_seed(0));
+    assert_ne!(report.first_seed & concord::envs::HELD_OUT_BIT, 0);
+    let keys: Vec<&str> = report.models.keys().map(String::as_str).collect();
+    assert_eq!(keys, ["adapter", "base"]);
+    assert_eq!(report.models["base"].adapter, None);
+    assert_eq!(
+        Path::new(report.models["adapter"].adapter.as_deref().unwrap()),
+        run
+    );
+    for m in report.models.values() {
+        let e = &m.envs["ticketmelt"];
+        assert_eq!((e.episodes, e.seats), (5, 5));
+        assert!((0.0..=1.0).contains(&e.win_rate));
+        assert!(e.win_ci95[0] <= e.win_rate && e.win_rate <= e.win_ci95[1]);
+        assert!(e.reward_ci95[0] <= e.reward_mean && e.reward_mean <= e.reward_ci95[1]);
+        for k in ["r1_own", "r2_team", "r3_safety", "r4_yield", "win"] {
+            assert!(
+                e.components.contains_key(k),
+                "{k} missing: {:?}",
+                e.components
+            );
+        }
+        assert_eq!(e.components["win"], e.win_rate);
+    }
+
+    // Deterministic, and independent of batching: `--base` alone with another batch
+    // size gives the compare run's base numbers exactly.
+    let mut base = vec![
+        "eval",
+        "--config",
+        "configs/quickstart.toml",
+        "--base",
+        "--episodes",
+        "5",
+        "--json",
+        "--batch",
+        "5",
+    ];
+    for s in &sets {
+        base.extend(["--set", s.as_str()]);
+    }
+    let alone: EvalReport = serde_json::from_str(&concord(&base)).unwrap();
+    assert_eq!(alone.models["base"], report.models["base"]);
+
+    // The human table prints base before adapter, with a delta column.
+    let table = concord::eval::table(&report);
+    let header = table.lines().find(|l| l.starts_with("| metric")).unwrap();
+    assert_eq!(header, "| metric | base | adapter | delta |");
+
+    concord(&["plot", &run.display().to_string()]);
+    let png = std::fs::read(run.join("before_after.png")).unwrap();
+    assert!(png.starts_with(b"\x89PNG\r\n\x1a\n") && png.len() > 1000);
+}
