@@ -261,6 +261,88 @@ impl LoraLinear {
         })
     }
 
+    /// `x W^T (+ bias) + scaling * B A dropout(x)` for training, as one graph node whose
+    /// backward returns dL/dx, dL/dA and dL/dB. Composed from tracked ops the same
+    /// layer keeps four `[n, out]` tensors alive until backward (base output, the
+    /// low-rank product, its scaled copy and the sum); this keeps the result only and
+    /// recomputes the `[n, r]` product in backward.
+    pub fn forward_fused(
+        &self,
+        x: &Tensor,
+        w: &Tensor,
+        bias: Option<&Tensor>,
+        run: LoraRun,
+    ) -> candle_core::Result<Tensor> {
+        use super::ops;
+        let (a, b) = (self.a.as_tensor(), self.b.as_tensor());
+        let in_f = a.dim(1)?;
+        let out_f = b.dim(0)?;
+        let s = self.scaling;
+        let xd = x.detach();
+        let mask = match run.dropout_seed {
+            Some(seed) if self.dropout > 0.0 => {
+                Some(self.dropout_mask(seed, xd.elem_count(), in_f, xd.device())?)
+            }
+            _ => None,
+        };
+        let keep = |xf: Tensor, mask: &Option<Tensor>| -> candle_core::Result<Tensor> {
+            match mask {
+                Some(m) => xf * m,
+                None => Ok(xf),
+            }
+        };
+        let xm = keep(xd.to_dtype(DType::F32)?.reshape(((), in_f))?, &mask)?;
+        let h = xm.matmul(&a.detach().t()?)?;
+        let d = (h.matmul(&b.detach().t()?)? * s)?;
+        let base = ops::frozen_linear(&xd, w, bias)?;
+        let y = (base.to_dtype(DType::F32)?.reshape(((), out_f))? + d)?
+            .to_dtype(base.dtype())?
+            .reshape(base.shape())?;
+        let w = w.clone();
+        // The first layer's input derives from no variable: give it no gradient (it
+        // would be computed for nothing and stored in the gradient store).
+        let x_tracked = x.track_op();
+        ops::attach3(x, a, b, y, "lora-linear", move |x, a, b, g| {
+            let g2 = g.reshape(((), out_f))?;
+            let gf = g2.to_dtype(DType::F32)?;
+            let xm = keep(x.to_dtype(DType::F32)?.reshape(((), in_f))?, &mask)?;
+            let h = xm.matmul(&a.t()?)?;
+            let gb = (gf.t()?.matmul(&h)? * s)?;
+            let gh = (gf.matmul(b)? * s)?;
+            let ga = gh.t()?.matmul(&xm)?;
+            if !x_tracked {
+                return Ok((None, Some(ga), Some(gb)));
+            }
+            let gx_lora = keep(gh.matmul(a)?, &mask)?;
+            let gx = (g2.matmul(&w)?.to_dtype(DType::F32)? + gx_lora)?
+                .to_dtype(x.dtype())?
+                .reshape(x.shape())?;
+            Ok((Some(gx), Some(ga), Some(gb)))
+        })
+    }
+
+    /// Inverted-dropout mask `[n, in]` (0 or 1/keep) drawn from `seed`.
+    fn dropout_mask(
+        &self,
+        seed: u64,
+        elems: usize,
+        in_f: usize,
+        device: &Device,
+    ) -> candle_core::Result<Tensor> {
+        let keep = 1.0 - self.dropout;
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        let mask: Vec<f32> = (0..elems)
+            .map(|_| {
+                if rng.gen::<f64>() < keep {
+                    (1.0 / keep) as f32
+                } else {
+                    0.0
+                }
+            })
+            .collect();
+        Tensor::from_vec(mask, (elems / in_f.max(1), in_f), device)
+    }
+
     /// `(base + scaling * B A dropout(x_f32)).to(base dtype)`, with `x` `[..., in]` and
     /// `base` `[..., out]` (the frozen layer's output).
     pub fn forward(&self, x: &Tensor, base: &Tensor, run: LoraRun) -> candle_core::Result<Tensor> {
@@ -275,19 +357,7 @@ impl LoraLinear {
         let xf = x.to_dtype(DType::F32)?.reshape(((), in_f))?;
         let xf = match run.dropout_seed {
             Some(seed) if self.dropout > 0.0 => {
-                let keep = 1.0 - self.dropout;
-                let mut rng = ChaCha8Rng::seed_from_u64(seed);
-                let n = xf.elem_count();
-                let mask: Vec<f32> = (0..n)
-                    .map(|_| {
-                        if rng.gen::<f64>() < keep {
-                            (1.0 / keep) as f32
-                        } else {
-                            0.0
-                        }
-                    })
-                    .collect();
-                let mask = Tensor::from_vec(mask, xf.shape(), xf.device())?;
+                let mask = self.dropout_mask(seed, xf.elem_count(), in_f, xf.device())?;
                 ops::mul(&xf, &mask)?
             }
             _ => xf,

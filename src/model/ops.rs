@@ -390,6 +390,107 @@ pub fn attach(
 }
 
 // ---------------------------------------------------------------------------------------
+// Attach3: the same with three operands (a fused LoRA linear: input, A, B).
+
+type Bwd3Fn = Box<
+    dyn Fn(
+            &Tensor,
+            &Tensor,
+            &Tensor,
+            &Tensor,
+        ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)>
+        + Send
+        + Sync,
+>;
+
+struct Attach3 {
+    inner: Attach,
+    bwd3: Bwd3Fn,
+}
+
+impl candle_core::CustomOp3 for Attach3 {
+    fn name(&self) -> &'static str {
+        self.inner.name
+    }
+
+    fn cpu_fwd(
+        &self,
+        s: &CpuStorage,
+        l: &Layout,
+        _: &CpuStorage,
+        _: &Layout,
+        _: &CpuStorage,
+        _: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        self.inner.cpu_fwd(s, l)
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s: &CudaStorage,
+        l: &Layout,
+        _: &CudaStorage,
+        _: &Layout,
+        _: &CudaStorage,
+        _: &Layout,
+    ) -> Result<(CudaStorage, Shape)> {
+        self.inner.cuda_fwd(s, l)
+    }
+
+    fn bwd(
+        &self,
+        a1: &Tensor,
+        a2: &Tensor,
+        a3: &Tensor,
+        _res: &Tensor,
+        g: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        (self.bwd3)(&a1.detach(), &a2.detach(), &a3.detach(), g)
+    }
+}
+
+/// [`attach`] with three operands: `y` (computed through detached ops) becomes a
+/// function of `(x1, x2, x3)`; `bwd(x1, x2, x3, grad_y)` returns their gradients.
+pub fn attach3(
+    x1: &Tensor,
+    x2: &Tensor,
+    x3: &Tensor,
+    y: Tensor,
+    name: &'static str,
+    bwd: impl Fn(
+            &Tensor,
+            &Tensor,
+            &Tensor,
+            &Tensor,
+        ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)>
+        + Send
+        + Sync
+        + 'static,
+) -> Result<Tensor> {
+    if !(x1.track_op() || x2.track_op() || x3.track_op()) {
+        return Ok(y);
+    }
+    let y = if y.is_contiguous() && y.layout().start_offset() == 0 {
+        y
+    } else {
+        y.copy()?
+    };
+    x1.apply_op3(
+        x2,
+        x3,
+        Attach3 {
+            inner: Attach {
+                name,
+                y: Mutex::new(Some(y)),
+                bwd: Box::new(|_, _, _| Ok(None)),
+            },
+            bwd3: Box::new(bwd),
+        },
+    )
+}
+
+// ---------------------------------------------------------------------------------------
 // RMSNorm (Hugging Face semantics).
 
 /// `weight * (x_f32 * rsqrt(mean(x_f32^2) + eps)).to(x.dtype)` over the last dim.

@@ -190,10 +190,15 @@ struct Linear {
 
 impl Linear {
     fn forward(&self, x: &Tensor, run: Option<LoraRun>) -> candle_core::Result<Tensor> {
-        let y = ops::frozen_linear(x, &self.w, self.b.as_ref())?;
         match (&self.lora, run) {
-            (Some(l), Some(run)) => l.forward(x, &y, run),
-            _ => Ok(y),
+            (Some(l), Some(run)) if !run.detached => {
+                l.forward_fused(x, &self.w, self.b.as_ref(), run)
+            }
+            (Some(l), Some(run)) => {
+                let y = ops::frozen_linear(x, &self.w, self.b.as_ref())?;
+                l.forward(x, &y, run)
+            }
+            _ => ops::frozen_linear(x, &self.w, self.b.as_ref()),
         }
     }
 }
