@@ -343,6 +343,9 @@ pub fn run_eval(args: EvalArgs) -> Result<()> {
     Ok(())
 }
 
+/// One row of the table: the value (and its interval, if any) of an environment's result.
+type Metric = Box<dyn Fn(&EnvEval) -> (f64, Option<[f64; 2]>)>;
+
 fn fmt_ci(v: f64, ci: [f64; 2]) -> String {
     format!("{v:.3} [{:.3}, {:.3}]", ci[0], ci[1])
 }
@@ -378,7 +381,7 @@ pub fn table(r: &EvalReport) -> String {
             s.push_str("---|");
         }
         s.push('\n');
-        let mut rows: Vec<(String, Box<dyn Fn(&EnvEval) -> (f64, Option<[f64; 2]>)>)> = vec![
+        let mut rows: Vec<(String, Metric)> = vec![
             (
                 "win rate".into(),
                 Box::new(|e: &EnvEval| (e.win_rate, Some(e.win_ci95))),
@@ -400,7 +403,7 @@ pub fn table(r: &EvalReport) -> String {
         for (name, f) in &rows {
             s.push_str(&format!("| {name} |"));
             for l in &labels {
-                match get(l).map(|e| f(e)) {
+                match get(l).map(f) {
                     Some((v, Some(ci))) => s.push_str(&format!(" {} |", fmt_ci(v, ci))),
                     Some((v, None)) => s.push_str(&format!(" {v:.3} |")),
                     None => s.push_str(" - |"),

@@ -679,7 +679,7 @@ impl Qwen2 {
             let h = ops::rms_norm(&x, &layer.ln2, cfg.rms_norm_eps)?;
             let gate = layer.lin[4].forward(&h, run(4))?;
             let up = layer.lin[5].forward(&h, run(5))?;
-            let a = ops::mul(&gate.silu()?, &up)?;
+            let a = ops::silu_mul(&gate, &up)?;
             let d = layer.lin[6].forward(&a, run(6))?;
             x = ops::add(&x, &d)?;
         }
