@@ -290,13 +290,36 @@ mod tests {
         ] {
             let x: Vec<f32> = (0..m * k).map(|_| next()).collect();
             let w: Vec<f32> = (0..n * k).map(|_| next()).collect();
-            let got = matmul_wt(&x, &w, m, k, n);
             let want = naive(&x, &w, m, k, n);
-            for (g, e) in got.iter().zip(&want) {
-                assert!(
-                    (g - e).abs() <= 1e-4 * (1.0 + e.abs()),
-                    "{m}x{k}x{n}: {g} vs {e}"
-                );
+            let close = |got: &[f32], path: &str| {
+                for (g, e) in got.iter().zip(&want) {
+                    assert!(
+                        (g - e).abs() <= 1e-4 * (1.0 + e.abs()),
+                        "{path} {m}x{k}x{n}: {g} vs {e}"
+                    );
+                }
+            };
+            close(&matmul_wt(&x, &w, m, k, n), "dispatched");
+            // Every path, whatever this CPU would dispatch to (output is transposed).
+            let transpose =
+                |yt: &[f32]| -> Vec<f32> { (0..m * n).map(|i| yt[(i % n) * m + i / n]).collect() };
+            let mut yt = vec![0f32; m * n];
+            kernel_body::<false>(&x, &w, m, k, n, &mut yt);
+            close(&transpose(&yt), "portable");
+            #[cfg(target_arch = "x86_64")]
+            {
+                if std::arch::is_x86_feature_detected!("avx2")
+                    && std::arch::is_x86_feature_detected!("fma")
+                {
+                    // SAFETY: features checked just above.
+                    unsafe { kernel_avx2(&x, &w, m, k, n, &mut yt) };
+                    close(&transpose(&yt), "avx2");
+                }
+                if std::arch::is_x86_feature_detected!("avx512f") {
+                    // SAFETY: as above.
+                    unsafe { kernel_avx512(&x, &w, m, k, n, &mut yt) };
+                    close(&transpose(&yt), "avx512");
+                }
             }
         }
     }
