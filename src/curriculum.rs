@@ -144,13 +144,12 @@ pub fn check(cfg: &Config) -> Result<()> {
             bail!("{}: duplicate stage name", ctx());
         }
         length_of(s, i + 1 == n).with_context(ctx)?;
-        let env_list = mixture(cfg, s).with_context(ctx)?;
-        for (name, _) in &env_list {
-            let opts = options_for(cfg, s, name);
-            envs::create(name, &opts).with_context(ctx)?;
+        let env_list = stage_envs(cfg, s).with_context(ctx)?;
+        for (name, _, opts) in &env_list {
+            envs::create(name, opts).with_context(ctx)?;
         }
         for key in s.options.keys() {
-            if !env_list.iter().any(|(e, _)| e == key) {
+            if !env_list.iter().any(|(e, _, _)| e == key) {
                 bail!(
                     "{}: options for `{key}`, which is not in the stage's envs",
                     ctx()
@@ -212,6 +211,17 @@ fn mixture(cfg: &Config, s: &StageSpec) -> Result<Vec<(String, f64)>> {
         .into_iter()
         .filter(|(_, w)| *w > 0.0)
         .map(|(n, w)| (n, w / total))
+        .collect())
+}
+
+/// A stage's environments: name, normalised weight and options.
+pub fn stage_envs(cfg: &Config, s: &StageSpec) -> Result<Vec<(String, f64, Options)>> {
+    Ok(mixture(cfg, s)?
+        .into_iter()
+        .map(|(name, w)| {
+            let opts = options_for(cfg, s, &name);
+            (name, w, opts)
+        })
         .collect())
 }
 
@@ -293,12 +303,9 @@ pub fn build(cfg: &Config) -> Result<Vec<Stage>> {
         .iter()
         .enumerate()
         .map(|(i, s)| {
-            let envs = mixture(cfg, s)?
+            let envs = stage_envs(cfg, s)?
                 .into_iter()
-                .map(|(name, w)| {
-                    let opts = options_for(cfg, s, &name);
-                    Ok((EnvTask::new(&name, &opts)?, w))
-                })
+                .map(|(name, w, opts)| Ok((EnvTask::new(&name, &opts)?, w)))
                 .collect::<Result<Vec<_>>>()?;
             Ok(Stage {
                 name: s.name.clone(),

@@ -53,42 +53,22 @@ pub struct EvalArgs {
 
 /// The environments evaluated: those of the last stage (or `[env]`), with its options.
 pub fn eval_envs(cfg: &Config) -> Result<Vec<(String, Box<dyn EnvFactory>)>> {
-    let stage = match cfg.stages.last() {
+    let names_opts = match cfg.stages.last() {
         None => {
             let env = cfg
                 .env
                 .as_ref()
                 .context("missing [env] (or [[stage]] tables)")?;
-            return Ok(vec![(
-                env.name.clone(),
-                envs::create(&env.name, &env.options)?,
-            )]);
+            vec![(env.name.clone(), env.options.clone())]
         }
-        Some(s) => s,
+        Some(s) => crate::curriculum::stage_envs(cfg, s)?
+            .into_iter()
+            .map(|(name, _weight, opts)| (name, opts))
+            .collect(),
     };
-    let names: Vec<String> = if stage.envs.is_empty() {
-        vec![cfg
-            .env
-            .as_ref()
-            .context("the last stage names no envs and there is no [env]")?
-            .name
-            .clone()]
-    } else {
-        stage
-            .envs
-            .iter()
-            .filter(|(_, w)| **w > 0.0)
-            .map(|(n, _)| n.clone())
-            .collect()
-    };
-    names
+    names_opts
         .into_iter()
-        .map(|n| {
-            let opts = match (stage.options.get(&n), &cfg.env) {
-                (Some(o), _) => o.clone(),
-                (None, Some(e)) if e.name == n => e.options.clone(),
-                _ => envs::Options::new(),
-            };
+        .map(|(n, opts)| {
             let f = envs::create(&n, &opts)?;
             Ok((n, f))
         })
@@ -232,25 +212,17 @@ pub fn play(
     Ok(out)
 }
 
-fn sampling(cfg: &Config, greedy: bool, stop_ids: Vec<u32>) -> SamplingParams {
+fn sampling(cfg: &Config, greedy: bool, stop_ids: Vec<u32>) -> Result<SamplingParams> {
+    // The last stage's sampling keys (its overrides applied).
     let g = match cfg.stages.last() {
-        Some(s) => crate::curriculum::resolve_config(cfg, s)
-            .map(|c| c.grpo)
-            .unwrap_or_else(|_| cfg.grpo.clone()),
+        Some(s) => crate::curriculum::resolve_config(cfg, s)?.grpo,
         None => cfg.grpo.clone(),
     };
-    SamplingParams {
-        temperature: if greedy { 0.0 } else { g.temperature as f32 },
-        top_p: g.top_p as f32,
-        top_k: g.top_k,
-        min_p: g.min_p as f32,
-        repetition_penalty: g.repetition_penalty as f32,
-        max_new_tokens: g.max_completion_length,
-        min_new_tokens: 0,
-        stop_token_ids: stop_ids,
-        stop_strings: Vec::new(),
-        seed: mix(cfg.run.seed, 0xE7A1),
+    let mut p = SamplingParams::from_grpo(&g, stop_ids, mix(cfg.run.seed, 0xE7A1));
+    if greedy {
+        p.temperature = 0.0;
     }
+    Ok(p)
 }
 
 fn default_adapter(cfg: &Config) -> Result<PathBuf> {
@@ -280,7 +252,7 @@ pub fn run_eval(args: EvalArgs) -> Result<()> {
     };
     let envs = eval_envs(&cfg)?;
     let (mut model, renderer, _) = load_model(&cfg)?;
-    let params = sampling(&cfg, args.greedy, renderer.stop_ids());
+    let params = sampling(&cfg, args.greedy, renderer.stop_ids())?;
     let mut labels: Vec<(&str, Option<&Path>)> = Vec::new();
     if args.base || args.compare {
         labels.push(("base", None));

@@ -43,6 +43,24 @@ pub struct SamplingParams {
     pub seed: u64,
 }
 
+impl SamplingParams {
+    /// The sampling keys of a run's `[grpo]` section (what training and eval sample with).
+    pub fn from_grpo(g: &crate::config::GrpoConfig, stop_token_ids: Vec<u32>, seed: u64) -> Self {
+        Self {
+            temperature: g.temperature as f32,
+            top_p: g.top_p as f32,
+            top_k: g.top_k,
+            min_p: g.min_p as f32,
+            repetition_penalty: g.repetition_penalty as f32,
+            max_new_tokens: g.max_completion_length,
+            min_new_tokens: 0,
+            stop_token_ids,
+            stop_strings: Vec::new(),
+            seed,
+        }
+    }
+}
+
 impl Default for SamplingParams {
     fn default() -> Self {
         Self {

@@ -504,19 +504,7 @@ impl Trainer {
     }
 
     fn sampling_params(&self, seed: u64) -> SamplingParams {
-        let g = &self.current_stage().cfg.grpo;
-        SamplingParams {
-            temperature: g.temperature as f32,
-            top_p: g.top_p as f32,
-            top_k: g.top_k,
-            min_p: g.min_p as f32,
-            repetition_penalty: g.repetition_penalty as f32,
-            max_new_tokens: g.max_completion_length,
-            min_new_tokens: 0,
-            stop_token_ids: self.stop_ids.clone(),
-            stop_strings: Vec::new(),
-            seed,
-        }
+        SamplingParams::from_grpo(&self.current_stage().cfg.grpo, self.stop_ids.clone(), seed)
     }
 
     /// Train until `run.steps` (or an interrupt / `hooks.stop_after`).

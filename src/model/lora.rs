@@ -261,12 +261,12 @@ impl LoraLinear {
         })
     }
 
-    /// `x W^T (+ bias) + scaling * B A dropout(x)` for training, as one graph node whose
-    /// backward returns dL/dx, dL/dA and dL/dB. Composed from tracked ops the same
+    /// `x W^T (+ bias) + scaling * B A dropout(x)`: for a detached run a plain value; for
+    /// training one graph node whose backward returns dL/dx, dL/dA and dL/dB. Composed from tracked ops the same
     /// layer keeps four `[n, out]` tensors alive until backward (base output, the
     /// low-rank product, its scaled copy and the sum); this keeps the result only and
     /// recomputes the `[n, r]` product in backward.
-    pub fn forward_fused(
+    pub fn forward(
         &self,
         x: &Tensor,
         w: &Tensor,
@@ -298,6 +298,9 @@ impl LoraLinear {
         let y = (base.to_dtype(DType::F32)?.reshape(((), out_f))? + d)?
             .to_dtype(base.dtype())?
             .reshape(base.shape())?;
+        if run.detached {
+            return Ok(y);
+        }
         let w = w.clone();
         // The first layer's input derives from no variable: give it no gradient (it
         // would be computed for nothing and stored in the gradient store).
@@ -341,36 +344,6 @@ impl LoraLinear {
             })
             .collect();
         Tensor::from_vec(mask, (elems / in_f.max(1), in_f), device)
-    }
-
-    /// `(base + scaling * B A dropout(x_f32)).to(base dtype)`, with `x` `[..., in]` and
-    /// `base` `[..., out]` (the frozen layer's output).
-    pub fn forward(&self, x: &Tensor, base: &Tensor, run: LoraRun) -> candle_core::Result<Tensor> {
-        use super::ops;
-        let (a, b) = if run.detached {
-            (self.a.as_detached_tensor(), self.b.as_detached_tensor())
-        } else {
-            (self.a.as_tensor().clone(), self.b.as_tensor().clone())
-        };
-        let in_f = a.dim(1)?;
-        let out_f = b.dim(0)?;
-        let xf = x.to_dtype(DType::F32)?.reshape(((), in_f))?;
-        let xf = match run.dropout_seed {
-            Some(seed) if self.dropout > 0.0 => {
-                let mask = self.dropout_mask(seed, xf.elem_count(), in_f, xf.device())?;
-                ops::mul(&xf, &mask)?
-            }
-            _ => xf,
-        };
-        let h = ops::matmul(&xf, &a.t()?)?;
-        let d = (ops::matmul(&h, &b.t()?)? * self.scaling)?;
-        let shape = base.dims().to_vec();
-        if shape.last() != Some(&out_f) {
-            candle_core::bail!("lora: base output {shape:?} vs B {:?}", b.shape());
-        }
-        let d = d.reshape(shape.as_slice())?;
-        let dtype = base.dtype();
-        ops::add(&base.to_dtype(DType::F32)?, &d)?.to_dtype(dtype)
     }
 }
 

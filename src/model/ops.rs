@@ -321,15 +321,25 @@ pub fn mul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
 // ---------------------------------------------------------------------------------------
 // Attach: a result computed from detached tensors, with a caller-supplied backward.
 
-type BwdFn = Box<dyn Fn(&Tensor, &Tensor, &Tensor) -> Result<Option<Tensor>> + Send + Sync>;
-
-struct Attach {
+/// The precomputed result a custom op's forward hands to the graph (once).
+struct Held {
     name: &'static str,
     y: Mutex<Option<Tensor>>,
-    bwd: BwdFn,
 }
 
-impl Attach {
+impl Held {
+    fn new(name: &'static str, y: Tensor) -> Result<Self> {
+        let y = if y.is_contiguous() && y.layout().start_offset() == 0 {
+            y
+        } else {
+            y.copy()?
+        };
+        Ok(Self {
+            name,
+            y: Mutex::new(Some(y)),
+        })
+    }
+
     fn take(&self) -> Result<Tensor> {
         match self.y.lock() {
             Ok(mut g) => match g.take() {
@@ -339,14 +349,8 @@ impl Attach {
             Err(_) => candle_core::bail!("{}: poisoned lock", self.name),
         }
     }
-}
 
-impl CustomOp1 for Attach {
-    fn name(&self) -> &'static str {
-        self.name
-    }
-
-    fn cpu_fwd(&self, _s: &CpuStorage, _l: &Layout) -> Result<(CpuStorage, Shape)> {
+    fn cpu_fwd(&self) -> Result<(CpuStorage, Shape)> {
         let y = self.take()?;
         let (ys, yl) = y.storage_and_layout();
         let c = cpu_of(&ys, self.name)?;
@@ -354,88 +358,113 @@ impl CustomOp1 for Attach {
     }
 
     #[cfg(feature = "cuda")]
-    fn cuda_fwd(&self, _s: &CudaStorage, _l: &Layout) -> Result<(CudaStorage, Shape)> {
+    fn cuda_fwd(&self) -> Result<(CudaStorage, Shape)> {
         let y = self.take()?;
         let (ys, yl) = y.storage_and_layout();
         let c = cuda_of(&ys, self.name)?;
         Ok((c.try_clone(yl)?, yl.shape().clone()))
     }
+}
 
-    fn bwd(&self, arg: &Tensor, res: &Tensor, g: &Tensor) -> Result<Option<Tensor>> {
+type Grad = Option<Tensor>;
+type BwdFn = Box<dyn Fn(&Tensor, &Tensor, &Tensor) -> Result<Grad> + Send + Sync>;
+type Bwd2Fn = Box<dyn Fn(&Tensor, &Tensor, &Tensor) -> Result<(Grad, Grad)> + Send + Sync>;
+type Bwd3Fn =
+    Box<dyn Fn(&Tensor, &Tensor, &Tensor, &Tensor) -> Result<(Grad, Grad, Grad)> + Send + Sync>;
+
+struct Attach {
+    held: Held,
+    bwd: BwdFn,
+}
+
+impl CustomOp1 for Attach {
+    fn name(&self) -> &'static str {
+        self.held.name
+    }
+
+    fn cpu_fwd(&self, _s: &CpuStorage, _l: &Layout) -> Result<(CpuStorage, Shape)> {
+        self.held.cpu_fwd()
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(&self, _s: &CudaStorage, _l: &Layout) -> Result<(CudaStorage, Shape)> {
+        self.held.cuda_fwd()
+    }
+
+    fn bwd(&self, arg: &Tensor, res: &Tensor, g: &Tensor) -> Result<Grad> {
         (self.bwd)(&arg.detach(), &res.detach(), g)
     }
 }
 
-/// Attach `y` (computed from `x` through detached ops) to the graph as a function of
-/// `x`; `bwd(x, y, grad_y)` returns `grad_x`. When `x` is not tracked, returns `y`.
-pub fn attach(
-    x: &Tensor,
-    y: Tensor,
-    name: &'static str,
-    bwd: impl Fn(&Tensor, &Tensor, &Tensor) -> Result<Option<Tensor>> + Send + Sync + 'static,
-) -> Result<Tensor> {
-    if !x.track_op() {
-        return Ok(y);
-    }
-    let y = if y.is_contiguous() && y.layout().start_offset() == 0 {
-        y
-    } else {
-        y.copy()?
-    };
-    x.apply_op1(Attach {
-        name,
-        y: Mutex::new(Some(y)),
-        bwd: Box::new(bwd),
-    })
+struct Attach2 {
+    held: Held,
+    bwd: Bwd2Fn,
 }
 
-// ---------------------------------------------------------------------------------------
-// Attach3: the same with three operands (a fused LoRA linear: input, A, B).
-
-type Bwd3Fn = Box<
-    dyn Fn(
-            &Tensor,
-            &Tensor,
-            &Tensor,
-            &Tensor,
-        ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)>
-        + Send
-        + Sync,
->;
-
-struct Attach3 {
-    inner: Attach,
-    bwd3: Bwd3Fn,
-}
-
-impl candle_core::CustomOp3 for Attach3 {
+impl CustomOp2 for Attach2 {
     fn name(&self) -> &'static str {
-        self.inner.name
+        self.held.name
     }
 
     fn cpu_fwd(
         &self,
-        s: &CpuStorage,
-        l: &Layout,
         _: &CpuStorage,
         _: &Layout,
         _: &CpuStorage,
         _: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        self.inner.cpu_fwd(s, l)
+        self.held.cpu_fwd()
     }
 
     #[cfg(feature = "cuda")]
     fn cuda_fwd(
         &self,
-        s: &CudaStorage,
-        l: &Layout,
         _: &CudaStorage,
         _: &Layout,
         _: &CudaStorage,
         _: &Layout,
     ) -> Result<(CudaStorage, Shape)> {
-        self.inner.cuda_fwd(s, l)
+        self.held.cuda_fwd()
+    }
+
+    fn bwd(&self, a: &Tensor, b: &Tensor, _res: &Tensor, g: &Tensor) -> Result<(Grad, Grad)> {
+        (self.bwd)(&a.detach(), &b.detach(), g)
+    }
+}
+
+struct Attach3 {
+    held: Held,
+    bwd: Bwd3Fn,
+}
+
+impl candle_core::CustomOp3 for Attach3 {
+    fn name(&self) -> &'static str {
+        self.held.name
+    }
+
+    fn cpu_fwd(
+        &self,
+        _: &CpuStorage,
+        _: &Layout,
+        _: &CpuStorage,
+        _: &Layout,
+        _: &CpuStorage,
+        _: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        self.held.cpu_fwd()
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        _: &CudaStorage,
+        _: &Layout,
+        _: &CudaStorage,
+        _: &Layout,
+        _: &CudaStorage,
+        _: &Layout,
+    ) -> Result<(CudaStorage, Shape)> {
+        self.held.cuda_fwd()
     }
 
     fn bwd(
@@ -445,25 +474,56 @@ impl candle_core::CustomOp3 for Attach3 {
         a3: &Tensor,
         _res: &Tensor,
         g: &Tensor,
-    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
-        (self.bwd3)(&a1.detach(), &a2.detach(), &a3.detach(), g)
+    ) -> Result<(Grad, Grad, Grad)> {
+        (self.bwd)(&a1.detach(), &a2.detach(), &a3.detach(), g)
     }
 }
 
-/// [`attach`] with three operands: `y` (computed through detached ops) becomes a
-/// function of `(x1, x2, x3)`; `bwd(x1, x2, x3, grad_y)` returns their gradients.
+/// Attach `y` (computed from `x` through detached ops) to the graph as a function of
+/// `x`; `bwd(x, y, grad_y)` returns `grad_x`. When `x` is not tracked, returns `y`.
+pub fn attach(
+    x: &Tensor,
+    y: Tensor,
+    name: &'static str,
+    bwd: impl Fn(&Tensor, &Tensor, &Tensor) -> Result<Grad> + Send + Sync + 'static,
+) -> Result<Tensor> {
+    if !x.track_op() {
+        return Ok(y);
+    }
+    x.apply_op1(Attach {
+        held: Held::new(name, y)?,
+        bwd: Box::new(bwd),
+    })
+}
+
+/// [`attach`] with two operands: `bwd(x1, x2, grad_y)` returns both gradients.
+pub fn attach2(
+    x1: &Tensor,
+    x2: &Tensor,
+    y: Tensor,
+    name: &'static str,
+    bwd: impl Fn(&Tensor, &Tensor, &Tensor) -> Result<(Grad, Grad)> + Send + Sync + 'static,
+) -> Result<Tensor> {
+    if !(x1.track_op() || x2.track_op()) {
+        return Ok(y);
+    }
+    x1.apply_op2(
+        x2,
+        Attach2 {
+            held: Held::new(name, y)?,
+            bwd: Box::new(bwd),
+        },
+    )
+}
+
+/// [`attach`] with three operands (a fused LoRA linear: input, A, B).
 pub fn attach3(
     x1: &Tensor,
     x2: &Tensor,
     x3: &Tensor,
     y: Tensor,
     name: &'static str,
-    bwd: impl Fn(
-            &Tensor,
-            &Tensor,
-            &Tensor,
-            &Tensor,
-        ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)>
+    bwd: impl Fn(&Tensor, &Tensor, &Tensor, &Tensor) -> Result<(Grad, Grad, Grad)>
         + Send
         + Sync
         + 'static,
@@ -471,73 +531,18 @@ pub fn attach3(
     if !(x1.track_op() || x2.track_op() || x3.track_op()) {
         return Ok(y);
     }
-    let y = if y.is_contiguous() && y.layout().start_offset() == 0 {
-        y
-    } else {
-        y.copy()?
-    };
     x1.apply_op3(
         x2,
         x3,
         Attach3 {
-            inner: Attach {
-                name,
-                y: Mutex::new(Some(y)),
-                bwd: Box::new(|_, _, _| Ok(None)),
-            },
-            bwd3: Box::new(bwd),
+            held: Held::new(name, y)?,
+            bwd: Box::new(bwd),
         },
     )
 }
 
 // ---------------------------------------------------------------------------------------
 // SwiGLU: silu(gate) * up in one pass, with its own backward.
-
-type Bwd2Fn = Box<
-    dyn Fn(&Tensor, &Tensor, &Tensor) -> Result<(Option<Tensor>, Option<Tensor>)> + Send + Sync,
->;
-
-struct Attach2 {
-    inner: Attach,
-    bwd2: Bwd2Fn,
-}
-
-impl CustomOp2 for Attach2 {
-    fn name(&self) -> &'static str {
-        self.inner.name
-    }
-
-    fn cpu_fwd(
-        &self,
-        s: &CpuStorage,
-        l: &Layout,
-        _: &CpuStorage,
-        _: &Layout,
-    ) -> Result<(CpuStorage, Shape)> {
-        self.inner.cpu_fwd(s, l)
-    }
-
-    #[cfg(feature = "cuda")]
-    fn cuda_fwd(
-        &self,
-        s: &CudaStorage,
-        l: &Layout,
-        _: &CudaStorage,
-        _: &Layout,
-    ) -> Result<(CudaStorage, Shape)> {
-        self.inner.cuda_fwd(s, l)
-    }
-
-    fn bwd(
-        &self,
-        a: &Tensor,
-        b: &Tensor,
-        _res: &Tensor,
-        g: &Tensor,
-    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
-        (self.bwd2)(&a.detach(), &b.detach(), g)
-    }
-}
 
 /// Elements per parallel task of the element-wise loops.
 const PAR_CHUNK: usize = 1 << 16;
@@ -574,9 +579,6 @@ pub fn silu_mul(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
         }
         _ => (gd.silu()? * &ud)?,
     };
-    if !(gate.track_op() || up.track_op()) {
-        return Ok(y);
-    }
     let need = (gate.track_op(), up.track_op());
     let bwd =
         move |g: &Tensor, u: &Tensor, gy: &Tensor| -> Result<(Option<Tensor>, Option<Tensor>)> {
@@ -615,22 +617,7 @@ pub fn silu_mul(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
             };
             Ok((need.0.then_some(dg), need.1.then_some(du)))
         };
-    let y = if y.is_contiguous() && y.layout().start_offset() == 0 {
-        y
-    } else {
-        y.copy()?
-    };
-    gate.apply_op2(
-        up,
-        Attach2 {
-            inner: Attach {
-                name: "silu-mul",
-                y: Mutex::new(Some(y)),
-                bwd: Box::new(|_, _, _| Ok(None)),
-            },
-            bwd2: Box::new(bwd),
-        },
-    )
+    attach2(gate, up, y, "silu-mul", bwd)
 }
 
 // ---------------------------------------------------------------------------------------

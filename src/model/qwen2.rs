@@ -191,13 +191,7 @@ struct Linear {
 impl Linear {
     fn forward(&self, x: &Tensor, run: Option<LoraRun>) -> candle_core::Result<Tensor> {
         match (&self.lora, run) {
-            (Some(l), Some(run)) if !run.detached => {
-                l.forward_fused(x, &self.w, self.b.as_ref(), run)
-            }
-            (Some(l), Some(run)) => {
-                let y = ops::frozen_linear(x, &self.w, self.b.as_ref())?;
-                l.forward(x, &y, run)
-            }
+            (Some(l), Some(run)) => l.forward(x, &self.w, self.b.as_ref(), run),
             _ => ops::frozen_linear(x, &self.w, self.b.as_ref()),
         }
     }
