@@ -2,7 +2,8 @@
 use candle_core::{DType, Device, Tensor};
 use concord::model::qwen2::{random_weights, Mode, Qwen2, Qwen2Config};
 use concord::sample::{
-    sample_groups, sample_requests, Completion, FinishReason, GroupRequest, SamplingParams,
+    group_requests, sample_requests_on, ChooseOn, Completion, FinishReason, GroupRequest,
+    SamplingParams,
 };
 
 /// A tiny model with peaky next-token distributions (scaled embeddings), so greedy
@@ -54,6 +55,7 @@ fn alone(
     j: usize,
     params: &SamplingParams,
     seed: u64,
+    on: ChooseOn,
 ) -> Completion {
     let dec = decoder();
     let req = [GroupRequest {
@@ -62,17 +64,30 @@ fn alone(
         stream_prompt: p,
         first_sample: j,
     }];
-    let (mut out, _) = sample_requests(model, &dec, &req, params, seed).unwrap();
+    let (mut out, _) = sample_requests_on(model, &dec, &req, params, seed, on).unwrap();
     out.remove(0).remove(0)
 }
 
-#[test]
-fn greedy_batched_equals_single_sequence_path() {
-    let model = tiny_model(1);
+/// `g` completions of each prompt, tokens chosen where `on` says.
+fn groups(
+    model: &Qwen2,
+    ps: &[Vec<u32>],
+    g: usize,
+    params: &SamplingParams,
+    seed: u64,
+    on: ChooseOn,
+) -> Vec<Vec<Completion>> {
     let dec = decoder();
+    sample_requests_on(model, &dec, &group_requests(ps, g), params, seed, on)
+        .unwrap()
+        .0
+}
+
+fn greedy_batched_equals_single_sequence_path(on: ChooseOn) {
+    let model = tiny_model(1);
     let params = SamplingParams::greedy(12);
     let ps = prompts();
-    let out = sample_groups(&model, &dec, &ps, 2, &params, 0).unwrap();
+    let out = groups(&model, &ps, 2, &params, 0, on);
     for (i, p) in ps.iter().enumerate() {
         let want = naive_greedy(&model, p, 12);
         assert_eq!(out[i].len(), 2);
@@ -84,26 +99,25 @@ fn greedy_batched_equals_single_sequence_path() {
     }
 }
 
-#[test]
-fn every_row_matches_sampling_it_alone() {
+fn every_row_matches_sampling_it_alone(on: ChooseOn) {
     let model = tiny_model(2);
-    let dec = decoder();
     // stop tokens make rows finish at different steps, exercising batch compaction
     let params = SamplingParams {
         temperature: 1.5,
         top_k: 40,
         top_p: 0.95,
+        repetition_penalty: 1.3,
         max_new_tokens: 10,
         stop_token_ids: (0..512).step_by(9).collect(),
         ..Default::default()
     };
     let ps = prompts();
-    let out = sample_groups(&model, &dec, &ps, 8, &params, 1234).unwrap();
+    let out = groups(&model, &ps, 8, &params, 1234, on);
     let mut lengths = std::collections::BTreeSet::new();
     for (i, p) in ps.iter().enumerate() {
         assert_eq!(out[i].len(), 8);
         for (j, c) in out[i].iter().enumerate() {
-            let a = alone(&model, p, i, j, &params, 1234);
+            let a = alone(&model, p, i, j, &params, 1234, on);
             assert_eq!(c.ids, a.ids, "prompt {i} sample {j}");
             assert_eq!(c.finish_reason, a.finish_reason);
             lengths.insert(c.ids.len());
@@ -121,23 +135,21 @@ fn every_row_matches_sampling_it_alone() {
         "rows should finish at different steps: {lengths:?}"
     );
     // same seed, same result; other seed, other result
-    let again = sample_groups(&model, &dec, &ps, 8, &params, 1234).unwrap();
+    let again = groups(&model, &ps, 8, &params, 1234, on);
     assert_eq!(again, out);
-    let other = sample_groups(&model, &dec, &ps, 8, &params, 99).unwrap();
+    let other = groups(&model, &ps, 8, &params, 99, on);
     assert_ne!(other, out);
 }
 
-#[test]
-fn recorded_logprobs_match_training_forward() {
+fn recorded_logprobs_match_training_forward(on: ChooseOn) {
     let model = tiny_model(3);
-    let dec = decoder();
     let params = SamplingParams {
         temperature: 1.0,
         max_new_tokens: 8,
         ..Default::default()
     };
     let ps = prompts();
-    let out = sample_groups(&model, &dec, &ps, 3, &params, 5).unwrap();
+    let out = groups(&model, &ps, 3, &params, 5, on);
     for (i, p) in ps.iter().enumerate() {
         for c in &out[i] {
             let mut seq = p.clone();
@@ -166,7 +178,7 @@ fn recorded_logprobs_match_training_forward() {
         max_new_tokens: 6,
         ..Default::default()
     };
-    let out = sample_groups(&model, &dec, &ps[..1], 2, &params, 5).unwrap();
+    let out = groups(&model, &ps[..1], 2, &params, 5, on);
     let c = &out[0][0];
     let mut seq = ps[0].clone();
     seq.extend(&c.ids);
@@ -181,8 +193,7 @@ fn recorded_logprobs_match_training_forward() {
     }
 }
 
-#[test]
-fn eos_min_new_tokens_and_stop_strings() {
+fn eos_min_new_tokens_and_stop_strings(on: ChooseOn) {
     let model = tiny_model(4);
     let dec = decoder();
     let p = prompts();
@@ -192,7 +203,7 @@ fn eos_min_new_tokens_and_stop_strings() {
         stop_token_ids: vec![greedy[2]],
         ..SamplingParams::greedy(6)
     };
-    let out = sample_groups(&model, &dec, &p[..1], 1, &params, 0).unwrap();
+    let out = groups(&model, &p[..1], 1, &params, 0, on);
     let c = &out[0][0];
     let first = greedy.iter().position(|&t| t == greedy[2]).unwrap();
     assert_eq!(c.ids, greedy[..=first].to_vec());
@@ -204,7 +215,7 @@ fn eos_min_new_tokens_and_stop_strings() {
         min_new_tokens: 6,
         ..SamplingParams::greedy(6)
     };
-    let out = sample_groups(&model, &dec, &p[..1], 1, &params, 0).unwrap();
+    let out = groups(&model, &p[..1], 1, &params, 0, on);
     assert!(!out[0][0].ids.contains(&greedy[0]));
     assert_eq!(out[0][0].ids.len(), 6);
     // a stop string spanning two tokens ("3><" between tokens 2 and 3 when ids end in 3)
@@ -215,11 +226,85 @@ fn eos_min_new_tokens_and_stop_strings() {
         stop_strings: vec![stop.clone()],
         ..SamplingParams::greedy(6)
     };
-    let out = sample_groups(&model, &dec, &p[..1], 1, &params, 0).unwrap();
+    let out = groups(&model, &p[..1], 1, &params, 0, on);
     let c = &out[0][0];
     assert_eq!(c.finish_reason, FinishReason::Stop);
     assert_eq!(c.ids, greedy[..2].to_vec());
     assert_eq!(c.text, text[..text.find(&stop).unwrap()].to_string());
+}
+
+/// Greedy and unfiltered sampling walk the vocabulary in the same order on both
+/// choosers with the same uniforms, so they pick the same tokens.
+#[test]
+fn device_and_host_choosers_pick_the_same_tokens() {
+    let model = tiny_model(5);
+    let ps = prompts();
+    for params in [
+        SamplingParams::greedy(10),
+        SamplingParams {
+            temperature: 1.0,
+            max_new_tokens: 10,
+            ..Default::default()
+        },
+        SamplingParams {
+            temperature: 0.8,
+            repetition_penalty: 1.2,
+            max_new_tokens: 10,
+            ..Default::default()
+        },
+    ] {
+        let host = groups(&model, &ps, 4, &params, 77, ChooseOn::Host);
+        let device = groups(&model, &ps, 4, &params, 77, ChooseOn::Device);
+        for (h, d) in host.iter().flatten().zip(device.iter().flatten()) {
+            assert_eq!(h.ids, d.ids, "{params:?}");
+            for (a, b) in h.full_logprobs.iter().zip(&d.full_logprobs) {
+                assert!((a - b).abs() < 1e-4, "{a} vs {b}");
+            }
+            for (a, b) in h.sample_logprobs.iter().zip(&d.sample_logprobs) {
+                assert!((a - b).abs() < 1e-4, "{a} vs {b}");
+            }
+        }
+    }
+}
+
+#[test]
+fn greedy_batched_equals_single_sequence_path_host() {
+    greedy_batched_equals_single_sequence_path(ChooseOn::Host);
+}
+
+#[test]
+fn greedy_batched_equals_single_sequence_path_device() {
+    greedy_batched_equals_single_sequence_path(ChooseOn::Device);
+}
+
+#[test]
+fn every_row_matches_sampling_it_alone_host() {
+    every_row_matches_sampling_it_alone(ChooseOn::Host);
+}
+
+#[test]
+fn every_row_matches_sampling_it_alone_device() {
+    every_row_matches_sampling_it_alone(ChooseOn::Device);
+}
+
+#[test]
+fn recorded_logprobs_match_training_forward_host() {
+    recorded_logprobs_match_training_forward(ChooseOn::Host);
+}
+
+#[test]
+fn recorded_logprobs_match_training_forward_device() {
+    recorded_logprobs_match_training_forward(ChooseOn::Device);
+}
+
+#[test]
+fn eos_min_new_tokens_and_stop_strings_host() {
+    eos_min_new_tokens_and_stop_strings(ChooseOn::Host);
+}
+
+#[test]
+fn eos_min_new_tokens_and_stop_strings_device() {
+    eos_min_new_tokens_and_stop_strings(ChooseOn::Device);
 }
 
 #[test]

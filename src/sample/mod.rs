@@ -588,6 +588,9 @@ use crate::model::qwen2::Qwen2;
 use candle_core::{DType, Tensor};
 use std::time::Instant;
 
+mod device;
+pub use device::DeviceSampler;
+
 /// One prompt of a batch and which RNG streams its completions use: completion `j`
 /// (of `num`) draws from `row_rng(seed, stream_prompt, first_sample + j)`.
 #[derive(Debug, Clone)]
@@ -642,7 +645,12 @@ pub fn sample_groups_with_stats(
     params: &SamplingParams,
     seed: u64,
 ) -> anyhow::Result<(Vec<Vec<Completion>>, SampleStats)> {
-    let reqs: Vec<GroupRequest> = prompts
+    sample_requests(model, tokenizer, &group_requests(prompts, g), params, seed)
+}
+
+/// `g` completions of each prompt, prompt `i` on RNG streams `(i, 0..g)`.
+pub fn group_requests(prompts: &[Vec<u32>], g: usize) -> Vec<GroupRequest<'_>> {
+    prompts
         .iter()
         .enumerate()
         .map(|(i, p)| GroupRequest {
@@ -651,8 +659,7 @@ pub fn sample_groups_with_stats(
             stream_prompt: i,
             first_sample: 0,
         })
-        .collect();
-    sample_requests(model, tokenizer, &reqs, params, seed)
+        .collect()
 }
 
 /// Per-completion state during decoding.
@@ -743,15 +750,88 @@ fn commit(row: &mut Row, params: &SamplingParams, tok: &dyn TextDecoder) -> anyh
     Ok(false)
 }
 
-/// Logits `[n, V]` (f32 on the host) of the last position of `hidden` `[n, T, H]`.
-fn host_last_logits(model: &Qwen2, hidden: &Tensor) -> anyhow::Result<(Vec<f32>, usize)> {
-    let logits = model.last_logits(hidden)?;
-    let (_, v) = logits.dims2()?;
-    let logits = logits
-        .to_dtype(DType::F32)?
-        .flatten_all()?
-        .to_vec1::<f32>()?;
-    Ok((logits, v))
+/// Where next tokens are chosen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ChooseOn {
+    /// The host for a CPU model, the model's device otherwise.
+    #[default]
+    Auto,
+    /// Logits copied to the host, rows chosen in parallel threads: fastest on a CPU.
+    Host,
+    /// Tensor operations on the model's device ([`DeviceSampler`]); only tokens and
+    /// their log-probs come back: what a GPU wants.
+    Device,
+}
+
+impl ChooseOn {
+    fn resolve(self, device: &candle_core::Device) -> ChooseOn {
+        match self {
+            ChooseOn::Auto if device.is_cpu() => ChooseOn::Host,
+            ChooseOn::Auto => ChooseOn::Device,
+            other => other,
+        }
+    }
+}
+
+/// The token chooser of one sampling call.
+enum Chooser {
+    Host(Vec<RowSampler>),
+    Device(DeviceSampler),
+}
+
+impl Chooser {
+    /// Sets `rows[j].pending` from row `live[j]` of `logits` (`[n, V]`, on the model's
+    /// device); the other rows of `logits` belong to finished completions.
+    fn choose(
+        &mut self,
+        logits: &Tensor,
+        live: &[usize],
+        rows: &mut [&mut Row],
+        params: &SamplingParams,
+    ) -> anyhow::Result<()> {
+        let (n, vocab) = logits.dims2()?;
+        match self {
+            Chooser::Host(samplers) => {
+                let logits = logits
+                    .to_dtype(DType::F32)?
+                    .flatten_all()?
+                    .to_vec1::<f32>()?;
+                if live.len() == n {
+                    choose_all(rows, &logits, vocab, params, samplers);
+                } else {
+                    let mut g = Vec::with_capacity(live.len() * vocab);
+                    for &k in live {
+                        g.extend_from_slice(&logits[k * vocab..(k + 1) * vocab]);
+                    }
+                    choose_all(rows, &g, vocab, params, samplers);
+                }
+            }
+            Chooser::Device(sampler) => {
+                let mut uniforms = vec![0.5f64; n];
+                if !params.is_greedy() {
+                    for (row, &k) in rows.iter_mut().zip(live) {
+                        uniforms[k] = row.rng.gen::<f64>();
+                    }
+                }
+                // every running completion started together: one count for all
+                let generated = rows.first().map_or(0, |r| r.ids.len());
+                let choices = sampler.choose(logits, &uniforms, generated)?;
+                for (row, &k) in rows.iter_mut().zip(live) {
+                    row.pending = Some(choices[k]);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Keeps per-row state for rows `keep` of the current batch, in that order.
+    fn select_rows(&mut self, keep: &[usize]) -> anyhow::Result<()> {
+        match self {
+            Chooser::Host(_) => Ok(()),
+            Chooser::Device(sampler) => sampler.select_rows(keep),
+        }
+    }
 }
 
 /// The general batched sampler: every request's prompt is prefilled once (all prompts
@@ -764,6 +844,18 @@ pub fn sample_requests(
     requests: &[GroupRequest],
     params: &SamplingParams,
     seed: u64,
+) -> anyhow::Result<(Vec<Vec<Completion>>, SampleStats)> {
+    sample_requests_on(model, tokenizer, requests, params, seed, ChooseOn::Auto)
+}
+
+/// [`sample_requests`] with the token choice made where `choose_on` says.
+pub fn sample_requests_on(
+    model: &Qwen2,
+    tokenizer: &dyn TextDecoder,
+    requests: &[GroupRequest],
+    params: &SamplingParams,
+    seed: u64,
+    choose_on: ChooseOn,
 ) -> anyhow::Result<(Vec<Vec<Completion>>, SampleStats)> {
     params.validate()?;
     let mut stats = SampleStats::default();
@@ -800,8 +892,6 @@ pub fn sample_requests(
         .collect();
     if !live_reqs.is_empty() {
         let device = model.device().clone();
-        let threads = candle_core::utils::get_num_threads().max(1);
-        let mut samplers = vec![RowSampler::new(); threads];
         let t0 = Instant::now();
         // ---- prefill: one left-padded batch of the distinct prompts
         let lmax = live_reqs
@@ -827,7 +917,7 @@ pub fn sample_requests(
             if all_real { None } else { Some(&mask) },
             &mut cache,
         )?;
-        let (logits, vocab) = host_last_logits(model, &hidden)?;
+        let prompt_logits = model.last_logits(&hidden)?;
         drop(hidden);
         stats.prefill_seconds = t0.elapsed().as_secs_f64();
         let t1 = Instant::now();
@@ -839,26 +929,47 @@ pub fn sample_requests(
         let mut active: Vec<usize> = (0..rows.len())
             .filter(|&i| rows[i].finish.is_none())
             .collect();
-        {
-            // gather each active row's logits (rows of one prompt share them)
-            let mut gathered = Vec::with_capacity(active.len() * vocab);
-            for &i in &active {
-                let s = slot_of_req[&rows[i].req];
-                gathered.extend_from_slice(&logits[s * vocab..(s + 1) * vocab]);
+        let mut chooser = match choose_on.resolve(&device) {
+            ChooseOn::Device => {
+                let vocab = prompt_logits.dim(1)?;
+                let mut s = DeviceSampler::new(params, vocab, &device)?;
+                let contexts: Vec<&[u32]> = active
+                    .iter()
+                    .map(|&i| requests[rows[i].req].prompt)
+                    .collect();
+                s.set_contexts(&contexts)?;
+                Chooser::Device(s)
             }
-            let mut refs: Vec<&mut Row> = rows.iter_mut().filter(|r| r.finish.is_none()).collect();
-            choose_all(&mut refs, &gathered, vocab, params, &mut samplers);
+            _ => {
+                let threads = candle_core::utils::get_num_threads().max(1);
+                Chooser::Host(vec![RowSampler::new(); threads])
+            }
+        };
+        {
+            // each active row reads its prompt's logits
+            let slots: Vec<u32> = active
+                .iter()
+                .map(|&i| slot_of_req[&rows[i].req] as u32)
+                .collect();
+            let slots = Tensor::from_vec(slots, active.len(), &device)?;
+            let logits = prompt_logits.index_select(&slots, 0)?;
+            let live: Vec<usize> = (0..active.len()).collect();
+            let mut refs = rows_in_order(&mut rows, &active);
+            chooser.choose(&logits, &live, &mut refs, params)?;
         }
-        drop(logits);
+        drop(prompt_logits);
         for &i in &active {
             commit(&mut rows[i], params, tokenizer)?;
         }
         // expand the prompt cache rows to the completions still running
-        let cache_rows: Vec<usize> = active
-            .iter()
-            .filter(|&&i| rows[i].finish.is_none())
-            .map(|&i| slot_of_req[&rows[i].req])
+        let running: Vec<usize> = (0..active.len())
+            .filter(|&k| rows[active[k]].finish.is_none())
             .collect();
+        let cache_rows: Vec<usize> = running
+            .iter()
+            .map(|&k| slot_of_req[&rows[active[k]].req])
+            .collect();
+        chooser.select_rows(&running)?;
         active.retain(|&i| rows[i].finish.is_none());
         if !active.is_empty() {
             let mut cache = cache.select_rows(&cache_rows)?;
@@ -887,24 +998,15 @@ pub fn sample_requests(
                     if all_real { None } else { Some(&step_mask) },
                     &mut cache,
                 )?;
-                let (logits, vocab) = host_last_logits(model, &hidden)?;
+                let logits = model.last_logits(&hidden)?;
                 stats.decode_steps += 1;
                 stats.row_steps += n;
                 // choose for live rows (keeping cache order)
-                let live_k: Vec<usize> = (0..n).filter(|&k| batch[k].is_some()).collect();
-                let gathered: std::borrow::Cow<[f32]> = if live_k.len() == n {
-                    std::borrow::Cow::Borrowed(&logits)
-                } else {
-                    let mut g = Vec::with_capacity(live_k.len() * vocab);
-                    for &k in &live_k {
-                        g.extend_from_slice(&logits[k * vocab..(k + 1) * vocab]);
-                    }
-                    std::borrow::Cow::Owned(g)
-                };
+                let live: Vec<usize> = (0..n).filter(|&k| batch[k].is_some()).collect();
                 {
-                    let want: Vec<usize> = live_k.iter().filter_map(|&k| batch[k]).collect();
+                    let want: Vec<usize> = live.iter().filter_map(|&k| batch[k]).collect();
                     let mut refs = rows_in_order(&mut rows, &want);
-                    choose_all(&mut refs, &gathered, vocab, params, &mut samplers);
+                    chooser.choose(&logits, &live, &mut refs, params)?;
                 }
                 let mut dead = 0;
                 for slot in batch.iter_mut() {
@@ -924,6 +1026,7 @@ pub fn sample_requests(
                 if dead > 0 && dead * 8 >= n {
                     let keep: Vec<usize> = (0..n).filter(|&k| batch[k].is_some()).collect();
                     cache = cache.select_rows(&keep)?;
+                    chooser.select_rows(&keep)?;
                     batch = keep.iter().map(|&k| batch[k]).collect();
                 }
             }
@@ -1288,6 +1391,9 @@ pub struct BenchSampleArgs {
     pub warmup: usize,
     #[command(flatten)]
     pub sampling: SamplingArgs,
+    /// Where tokens are chosen: auto (host for CPU models, else the device), host, device.
+    #[arg(long, value_enum, default_value_t = ChooseOn::Auto)]
+    pub choose_on: ChooseOn,
     #[arg(long)]
     pub json: bool,
 }
@@ -1332,23 +1438,23 @@ pub fn run_bench_sample(args: BenchSampleArgs) -> anyhow::Result<()> {
             .iter()
             .map(|p| p[..p.len().min(8)].to_vec())
             .collect();
-        sample_groups(
+        sample_requests_on(
             &sm.model,
             sm.decoder.as_ref(),
-            &short,
-            args.num_generations,
+            &group_requests(&short, args.num_generations),
             &p,
             params.seed,
+            args.choose_on,
         )?;
     }
     let t0 = Instant::now();
-    let (_, stats) = sample_groups_with_stats(
+    let (_, stats) = sample_requests_on(
         &sm.model,
         sm.decoder.as_ref(),
-        &prompts,
-        args.num_generations,
+        &group_requests(&prompts, args.num_generations),
         &params,
         params.seed,
+        args.choose_on,
     )?;
     let seconds = t0.elapsed().as_secs_f64();
     let out = json!({
@@ -1365,6 +1471,7 @@ pub fn run_bench_sample(args: BenchSampleArgs) -> anyhow::Result<()> {
         "prefill_tokens_per_s": stats.prefill_tokens as f64 / stats.prefill_seconds.max(1e-9),
         "peak_rss_mib": peak_rss_mib(),
         "threads": candle_core::utils::get_num_threads(),
+        "choose_on": args.choose_on,
     });
     if args.json {
         println!("{out}");
