@@ -66,7 +66,11 @@ if [ "${1:-}" = "--build" ]; then
   cc -shared -fPIC -Wl,-soname,libcuda.so.1 -o "$ROOT/stubs/libcuda.so" "$ROOT/stubs/libcuda_stub.c"
   echo "driver stub: $(wc -l < "$ROOT/stubs/libcuda_stub.c") entry points"
   cargo build --release --features cuda
+  # Stripped and gzip'd for the trip to a GPU machine (the PTX of candle's kernels makes
+  # the binary ~70 MB, more than a device call carries; gzip'd it is ~20 MB).
   mkdir -p target/gpu
   cp "$CARGO_TARGET_DIR/release/concord" target/gpu/concord
-  echo "cargo build --features cuda: OK (target/gpu/concord, what gpu_check.sh runs)"
+  strip target/gpu/concord
+  gzip -9 -c target/gpu/concord > target/gpu/concord.gz
+  echo "cargo build --features cuda: OK (target/gpu/concord and target/gpu/concord.gz, what gpu_check.sh runs)"
 fi

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The one prepared script for a GPU machine (no network there). Carry the CUDA build of
-# the binary (scripts/check_cuda_build.sh --build, x86-64: target/gpu/concord) and run
-# from the repository root:  scripts/gpu_check.sh [OUT_DIR]
+# the binary (scripts/check_cuda_build.sh --build, x86-64: target/gpu/concord.gz) and
+# run from the repository root:  scripts/gpu_check.sh [OUT_DIR]
+# As a device call: carry target/gpu/concord.gz and run
+#   scripts/gpu_check.sh /tmp/gc; cp /tmp/gc/logs.tgz $OUT/
 # It prints device info, compares CUDA and CPU log-probs on tiny models, benchmarks
 # sampling (tokens chosen on the device and, for comparison, on the host) and LoRA
 # training on a Qwen2.5-0.5B-shaped random model and runs a 5-step training run; every
@@ -20,22 +22,28 @@ DTYPE="${GPU_DTYPE:-bf16}"
 TAG="${DEV/:/}"
 NEW="${GPU_NEW_TOKENS:-64}"
 status=0
-step() { # step NAME SECONDS CMD...
+step() { # step NAME SECONDS CMD...: the whole output in NAME.log, its end on stdout
   local name=$1 secs=$2; shift 2
   echo "=== $name"
-  if ! timeout "$secs" "$@" 2>&1 | tee "$OUT/$name.log"; then
-    echo "!!! $name failed or timed out"; status=1
+  timeout "$secs" "$@" > "$OUT/$name.log" 2>&1
+  local rc=$?
+  tail -n 4 "$OUT/$name.log" | cut -c1-600
+  if [ $rc != 0 ]; then
+    echo "!!! $name failed (exit $rc; 124 = timed out)"; status=1
   fi
 }
 
 if [ "$DEV" != cpu ]; then
   step device 20 nvidia-smi --query-gpu=name,compute_cap,memory.total,driver_version --format=csv
 fi
-[ -x "$BIN" ] || { echo "no binary at $BIN"; exit 2; }
+if [ ! -x "$BIN" ] && [ -f "$BIN.gz" ]; then
+  gunzip -c "$BIN.gz" > "$BIN" && chmod +x "$BIN"
+fi
+[ -x "$BIN" ] || { echo "no binary at $BIN (or $BIN.gz)"; exit 2; }
 if [ "$DEV" != cpu ]; then
   # The binary links CUDA's runtime libraries (cudart, cublas, curand, nvrtc) dynamically:
   # take them from the machine's toolkit or from its Python's nvidia-* wheels.
-  for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib $(python3 -c \
+  for d in /usr/local/nvidia/lib64 /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib $(python3 -c \
     'import nvidia, os; print(*[os.path.join(p, "cu13", "lib") for p in nvidia.__path__])' 2>/dev/null); do
     [ -d "$d" ] && LD_LIBRARY_PATH="$d:${LD_LIBRARY_PATH:-}"
   done
@@ -88,5 +96,6 @@ step bench-train 120 "$BIN" bench train --model random:0.5b --device "$DEV" --dt
   --batch 8 --seq 160 --json
 step train-5 120 "$BIN" train --config configs/quickstart.toml --set run.steps=5 \
   --set run.output_dir="\"$OUT/runs\"" --set model.device="\"$DEV\"" --set model.dtype="\"$DTYPE\""
-echo "=== done (status $status); logs in $OUT"
+(cd "$OUT" && tar czf logs.tgz ./*.log)
+echo "=== done (status $status); logs in $OUT and $OUT/logs.tgz"
 exit $status
