@@ -621,16 +621,17 @@ fn draw_stages<DB: DrawingBackend>(
     Ok(true)
 }
 
-fn draw_reward_curve(root: &Area, log: &TrainingLog, name: &str, window: usize) -> Result<()> {
-    let reward = log
-        .column("reward")
-        .context("no `reward` column in the header")?;
-    let smooth = rolling_mean(reward, window);
-    let (chart_area, legend_area) = split_titled(root, &format!("{name}: reward per step"))?;
-    let x = step_range(&log.steps);
-    let y = with_stage_headroom(padded_range(reward.iter().chain(&smooth)), log);
+type StepChart<'a, 'b> =
+    ChartContext<'a, BitMapBackend<'b>, Cartesian2d<RangedCoordf64, RangedCoordf64>>;
 
-    let mut chart = ChartBuilder::on(&chart_area)
+/// A chart over training steps with the shared axes, grid and label styles.
+fn step_chart<'a, 'b>(
+    area: &'a Area<'b>,
+    x: (f64, f64),
+    y: (f64, f64),
+    y_desc: &str,
+) -> Result<StepChart<'a, 'b>> {
+    let mut chart = ChartBuilder::on(area)
         .margin(16)
         .x_label_area_size(50)
         .y_label_area_size(70)
@@ -639,7 +640,7 @@ fn draw_reward_curve(root: &Area, log: &TrainingLog, name: &str, window: usize) 
     chart
         .configure_mesh()
         .x_desc("step")
-        .y_desc("reward")
+        .y_desc(y_desc)
         .x_labels(12)
         .y_labels(10)
         .x_label_formatter(&|v| fmt_step(*v))
@@ -650,6 +651,46 @@ fn draw_reward_curve(root: &Area, log: &TrainingLog, name: &str, window: usize) 
         .bold_line_style(RGBColor(215, 215, 215))
         .draw()
         .map_err(plot_err)?;
+    Ok(chart)
+}
+
+/// A rolling mean as width-3 lines over its finite stretches; a stretch of one point
+/// becomes a dot of `dot_radius`.
+fn draw_rolling_mean(
+    chart: &mut StepChart,
+    steps: &[f64],
+    smooth: &[f64],
+    color: RGBColor,
+    dot_radius: i32,
+) -> Result<()> {
+    for seg in finite_segments(steps, smooth) {
+        if seg.len() == 1 {
+            chart
+                .draw_series(std::iter::once(Circle::new(
+                    seg[0],
+                    dot_radius,
+                    color.filled(),
+                )))
+                .map_err(plot_err)?;
+        } else {
+            chart
+                .draw_series(LineSeries::new(seg, color.stroke_width(3)))
+                .map_err(plot_err)?;
+        }
+    }
+    Ok(())
+}
+
+fn draw_reward_curve(root: &Area, log: &TrainingLog, name: &str, window: usize) -> Result<()> {
+    let reward = log
+        .column("reward")
+        .context("no `reward` column in the header")?;
+    let smooth = rolling_mean(reward, window);
+    let (chart_area, legend_area) = split_titled(root, &format!("{name}: reward per step"))?;
+    let x = step_range(&log.steps);
+    let y = with_stage_headroom(padded_range(reward.iter().chain(&smooth)), log);
+
+    let mut chart = step_chart(&chart_area, x, y, "reward")?;
 
     let has_stages = draw_stages(&mut chart, log, y, x.0)?;
 
@@ -675,17 +716,7 @@ fn draw_reward_curve(root: &Area, log: &TrainingLog, name: &str, window: usize) 
         .draw_series(skip.iter().map(|&p| Circle::new(p, 5, RED.stroke_width(2))))
         .map_err(plot_err)?;
     let line_color = RGBColor(20, 60, 140);
-    for seg in finite_segments(&log.steps, &smooth) {
-        if seg.len() == 1 {
-            chart
-                .draw_series(std::iter::once(Circle::new(seg[0], 3, line_color.filled())))
-                .map_err(plot_err)?;
-        } else {
-            chart
-                .draw_series(LineSeries::new(seg, line_color.stroke_width(3)))
-                .map_err(plot_err)?;
-        }
-    }
+    draw_rolling_mean(&mut chart, &log.steps, &smooth, line_color, 3)?;
     if reward.iter().all(|r| !r.is_finite()) {
         draw_no_data(&chart_area, "no finite reward in the log")?;
     }
@@ -742,26 +773,7 @@ fn draw_components(root: &Area, log: &TrainingLog, name: &str, window: usize) ->
         log,
     );
 
-    let mut chart = ChartBuilder::on(&chart_area)
-        .margin(16)
-        .x_label_area_size(50)
-        .y_label_area_size(70)
-        .build_cartesian_2d(x.0..x.1, y.0..y.1)
-        .map_err(plot_err)?;
-    chart
-        .configure_mesh()
-        .x_desc("step")
-        .y_desc("component reward")
-        .x_labels(12)
-        .y_labels(10)
-        .x_label_formatter(&|v| fmt_step(*v))
-        .y_label_formatter(&|v| fmt_tick(*v))
-        .label_style(font(15.0))
-        .axis_desc_style(font(18.0))
-        .light_line_style(RGBColor(235, 235, 235))
-        .bold_line_style(RGBColor(215, 215, 215))
-        .draw()
-        .map_err(plot_err)?;
+    let mut chart = step_chart(&chart_area, x, y, "component reward")?;
     let has_stages = draw_stages(&mut chart, log, y, x.0)?;
 
     let mut entries = Vec::new();
@@ -777,17 +789,7 @@ fn draw_components(root: &Area, log: &TrainingLog, name: &str, window: usize) ->
                     .map(|(s, v)| Circle::new((*s, *v), 2, color.mix(0.45).filled())),
             )
             .map_err(plot_err)?;
-        for seg in finite_segments(&log.steps, smooth) {
-            if seg.len() == 1 {
-                chart
-                    .draw_series(std::iter::once(Circle::new(seg[0], 4, color.filled())))
-                    .map_err(plot_err)?;
-            } else {
-                chart
-                    .draw_series(LineSeries::new(seg, color.stroke_width(3)))
-                    .map_err(plot_err)?;
-            }
-        }
+        draw_rolling_mean(&mut chart, &log.steps, smooth, color, 4)?;
         let label = if smooth.iter().all(|v| !v.is_finite()) {
             format!("{c} (no data)")
         } else {
