@@ -27,6 +27,8 @@ use base64::Engine;
 use clap::Args;
 use serde::Deserialize;
 use serde_json::{json, Value};
+
+use crate::plot::{EvalReport, ModelEval, TrainingLog};
 use sha2::{Digest, Sha256};
 
 /// The Hub used when `HF_ENDPOINT` is not set.
@@ -926,82 +928,20 @@ impl<'a> Hub<'a> {
 // Model card
 // ---------------------------------------------------------------------------------
 
-/// `eval.json` as written by `concord eval`.
-#[derive(Deserialize, Debug, Default)]
-struct EvalFile {
-    #[serde(default)]
-    config: Option<String>,
-    #[serde(default)]
-    episodes: Option<u64>,
-    #[serde(default)]
-    greedy: Option<bool>,
-    #[serde(default)]
-    first_seed: Option<u64>,
-    #[serde(default)]
-    models: BTreeMap<String, EvalModel>,
+/// `read(path)` when the file exists; a warning naming what the card then lacks when it
+/// cannot be read.
+fn read_if_present<T>(path: &Path, lacks: &str, read: impl Fn(&Path) -> Result<T>) -> Option<T> {
+    if !path.is_file() {
+        return None;
+    }
+    read(path)
+        .map_err(|e| eprintln!("warning: {e:#}; the model card has no {lacks}"))
+        .ok()
 }
 
-#[derive(Deserialize, Debug, Default)]
-struct EvalModel {
-    #[serde(default)]
-    envs: BTreeMap<String, EvalEnv>,
-}
-
-#[derive(Deserialize, Debug, Default)]
-struct EvalEnv {
-    #[serde(default)]
-    episodes: Option<u64>,
-    #[serde(default)]
-    reward_mean: Option<f64>,
-    #[serde(default)]
-    reward_ci95: Option<[Option<f64>; 2]>,
-    #[serde(default)]
-    win_rate: Option<f64>,
-    #[serde(default)]
-    win_ci95: Option<[Option<f64>; 2]>,
-    #[serde(default)]
-    /// NaN is written as null by serde_json.
-    components: BTreeMap<String, Option<f64>>,
-}
-
-/// A parsed `training_log.csv`: header and rows of raw fields.
-struct Log {
-    header: Vec<String>,
-    rows: Vec<Vec<String>>,
-}
-
-impl Log {
-    fn read(path: &Path) -> Result<Option<Log>> {
-        if !path.is_file() {
-            return Ok(None);
-        }
-        let text =
-            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-        let mut lines = text.lines().filter(|l| !l.trim().is_empty());
-        let Some(h) = lines.next() else {
-            return Ok(None);
-        };
-        let header = h.split(',').map(|s| s.trim().to_string()).collect();
-        let rows = lines
-            .map(|l| l.split(',').map(|s| s.trim().to_string()).collect())
-            .collect();
-        Ok(Some(Log { header, rows }))
-    }
-
-    fn col(&self, name: &str) -> Option<usize> {
-        self.header.iter().position(|h| h == name)
-    }
-
-    fn field<'r>(&self, row: &'r [String], name: &str) -> Option<&'r str> {
-        row.get(self.col(name)?).map(String::as_str)
-    }
-
-    fn number(&self, row: &[String], name: &str) -> Option<f64> {
-        self.field(row, name)?
-            .parse::<f64>()
-            .ok()
-            .filter(|v| v.is_finite())
-    }
+/// A finite value, or None (NaN and infinities print as "–" or not at all).
+fn finite(v: f64) -> Option<f64> {
+    v.is_finite().then_some(v)
 }
 
 fn fmt_num(v: f64) -> String {
@@ -1069,25 +1009,13 @@ pub fn model_card(run_dir: &Path, repo: &str) -> Result<String> {
     } else {
         None
     };
-    let log = Log::read(&run_dir.join("training_log.csv"))?;
-    let eval_path = run_dir.join("eval.json");
-    let eval: Option<EvalFile> = if eval_path.is_file() {
-        let text = std::fs::read_to_string(&eval_path)
-            .with_context(|| format!("reading {}", eval_path.display()))?;
-        // Still uploaded as is; only the card's table needs it understood.
-        match serde_json::from_str(&text) {
-            Ok(e) => Some(e),
-            Err(e) => {
-                eprintln!(
-                    "warning: {} not understood ({e}); the model card has no eval table",
-                    eval_path.display()
-                );
-                None
-            }
-        }
-    } else {
-        None
-    };
+    // Both files are uploaded as they are; only the card needs them understood.
+    let log = read_if_present(&run_dir.join("training_log.csv"), "final metrics", |p| {
+        TrainingLog::read(p)
+    });
+    let eval = read_if_present(&run_dir.join("eval.json"), "eval table", |p| {
+        EvalReport::read(p)
+    });
 
     let base = adapter
         .get("base_model_name_or_path")
@@ -1123,20 +1051,12 @@ pub fn model_card(run_dir: &Path, repo: &str) -> Result<String> {
         }
     }
     for s in &stages {
-        let e = s.get("env").and_then(|v| {
-            v.as_str()
-                .or_else(|| v.get("name").and_then(|n| n.as_str()))
-        });
-        if let Some(e) = e {
-            add_env(e);
+        if let Some(mixture) = s.get("envs").and_then(|v| v.as_table()) {
+            mixture.keys().for_each(|e| add_env(e));
         }
     }
     if let Some(log) = &log {
-        for row in &log.rows {
-            if let Some(e) = log.field(row, "env") {
-                add_env(e);
-            }
-        }
+        log.envs.iter().for_each(|e| add_env(e));
     }
 
     let mut md = String::new();
@@ -1258,24 +1178,28 @@ pub fn model_card(run_dir: &Path, repo: &str) -> Result<String> {
     }
 
     // Final metrics.
-    if let Some(log) = log.as_ref().filter(|l| !l.rows.is_empty()) {
-        let last = &log.rows[log.rows.len() - 1];
-        let step = log.field(last, "step").unwrap_or("?");
+    if let Some(log) = log.as_ref().filter(|l| !l.is_empty()) {
+        let last = |name: &str| {
+            log.column(name)
+                .and_then(|c| c.last().copied())
+                .and_then(finite)
+        };
+        let step = log.steps.last().map_or("?".to_string(), |s| fmt_num(*s));
         let _ = writeln!(
             md,
-            "## Final metrics (step {})\n\n| metric | value |\n|---|---|",
-            cell(step)
+            "## Final metrics (step {step})\n\n| metric | value |\n|---|---|"
         );
         let metric = |md: &mut String, label: &str, v: Option<f64>| {
             if let Some(v) = v {
                 let _ = writeln!(md, "| {} | {} |", cell(label), fmt_num(v));
             }
         };
-        metric(&mut md, "reward", log.number(last, "reward"));
-        let tail = &log.rows[log.rows.len().saturating_sub(10)..];
-        let vals: Vec<f64> = tail
+        metric(&mut md, "reward", last("reward"));
+        let rewards = log.column("reward").unwrap_or_default();
+        let vals: Vec<f64> = rewards[rewards.len().saturating_sub(10)..]
             .iter()
-            .filter_map(|r| log.number(r, "reward"))
+            .copied()
+            .filter_map(finite)
             .collect();
         if !vals.is_empty() {
             let mean = vals.iter().sum::<f64>() / vals.len() as f64;
@@ -1286,11 +1210,11 @@ pub fn model_card(run_dir: &Path, repo: &str) -> Result<String> {
             );
         }
         for k in ["kl", "entropy", "grad_norm"] {
-            metric(&mut md, k, log.number(last, k));
+            metric(&mut md, k, last(k));
         }
         for h in &log.header {
             if h.starts_with("rewards/") && h.ends_with("/mean") {
-                metric(&mut md, h, log.number(last, h));
+                metric(&mut md, h, last(h));
             }
         }
         md.push_str("\nPer-step metrics are in [`training_log.csv`](training_log.csv).\n\n");
@@ -1299,29 +1223,18 @@ pub fn model_card(run_dir: &Path, repo: &str) -> Result<String> {
     // Evaluation.
     if let Some(ev) = eval.as_ref().filter(|e| !e.models.is_empty()) {
         md.push_str("## Evaluation\n\n");
-        let mut facts = Vec::new();
-        if let Some(c) = &ev.config {
-            facts.push(format!("config `{c}`"));
-        }
-        if let Some(n) = ev.episodes {
-            facts.push(format!("{n} episodes per environment"));
-        }
-        if let Some(g) = ev.greedy {
-            facts.push(
-                if g {
-                    "greedy decoding"
-                } else {
-                    "sampled decoding"
-                }
-                .to_string(),
-            );
-        }
-        if let Some(s) = ev.first_seed {
-            facts.push(format!("seeds from {s}"));
-        }
-        if !facts.is_empty() {
-            let _ = writeln!(md, "`concord eval`: {}.\n", facts.join(", "));
-        }
+        let facts = [
+            format!("config `{}`", ev.config),
+            format!("{} episodes per environment", ev.episodes),
+            if ev.greedy {
+                "greedy decoding"
+            } else {
+                "sampled decoding"
+            }
+            .to_string(),
+            format!("seeds from {}", ev.first_seed),
+        ];
+        let _ = writeln!(md, "`concord eval`: {}.\n", facts.join(", "));
         let base_m = ev.models.get("base");
         let adapter_m = ev.models.get("adapter");
         let both = base_m.is_some() && adapter_m.is_some();
@@ -1344,19 +1257,19 @@ pub fn model_card(run_dir: &Path, repo: &str) -> Result<String> {
             md.push_str("---|---|");
         }
         md.push('\n');
-        let with_ci = |v: Option<f64>, ci: Option<[Option<f64>; 2]>| match (v, ci) {
-            (Some(v), Some([Some(lo), Some(hi)])) => {
+        let with_ci = |v: f64, [lo, hi]: [f64; 2]| match (finite(v), finite(lo), finite(hi)) {
+            (Some(v), Some(lo), Some(hi)) => {
                 format!("{} [{}, {}]", fmt_num(v), fmt_num(lo), fmt_num(hi))
             }
-            (Some(v), _) => fmt_num(v),
+            (Some(v), _, _) => fmt_num(v),
             _ => "–".to_string(),
         };
-        let delta = |a: Option<f64>, b: Option<f64>| match (a, b) {
+        let delta = |a: f64, b: f64| match (finite(a), finite(b)) {
             (Some(a), Some(b)) => format!("{:+.4}", a - b),
             _ => "–".to_string(),
         };
         // Known models first (base, adapter), then any others by name.
-        let mut order: Vec<(&String, &EvalModel)> = ev.models.iter().collect();
+        let mut order: Vec<(&String, &ModelEval)> = ev.models.iter().collect();
         order.sort_by_key(|(k, _)| match k.as_str() {
             "base" => 0,
             "adapter" => 1,
@@ -1368,8 +1281,8 @@ pub fn model_card(run_dir: &Path, repo: &str) -> Result<String> {
                 let comps = r
                     .components
                     .iter()
-                    .map(|(k, v)| match v {
-                        Some(v) => format!("{k} {}", fmt_num(*v)),
+                    .map(|(k, v)| match finite(*v) {
+                        Some(v) => format!("{k} {}", fmt_num(v)),
                         None => format!("{k} –"),
                     })
                     .collect::<Vec<_>>()
@@ -1379,7 +1292,7 @@ pub fn model_card(run_dir: &Path, repo: &str) -> Result<String> {
                     "| {} | {} | {} | {} | {} | {} |",
                     cell(env),
                     cell(mname),
-                    r.episodes.map(|n| n.to_string()).unwrap_or_default(),
+                    r.episodes,
                     with_ci(r.reward_mean, r.reward_ci95),
                     with_ci(r.win_rate, r.win_ci95),
                     cell(&comps)
@@ -1387,7 +1300,7 @@ pub fn model_card(run_dir: &Path, repo: &str) -> Result<String> {
                 if both {
                     let b = base_m.and_then(|b| b.envs.get(*env));
                     if mname.as_str() == "adapter" && b.is_some() {
-                        let b = b.map(|b| (b.reward_mean, b.win_rate)).unwrap_or_default();
+                        let b = b.map_or((f64::NAN, f64::NAN), |b| (b.reward_mean, b.win_rate));
                         let _ = write!(
                             md,
                             " {} | {} |",
@@ -1502,7 +1415,8 @@ mod tests {
             d.join("config.toml"),
             "[run]\nsteps = 3\n[lora]\nr = 8\nalpha = 16.0\ntargets = [\"q_proj\"]\n\
              [grpo]\nnum_generations = 4\nloss_type = \"dapo\"\n[optim]\nlearning_rate = 1e-5\n\
-             [[stage]]\nenv = \"ticketmelt\"\nsteps = 2\n[[stage]]\nenv = \"merge_ring\"\nsteps = 1\n",
+             [[stage]]\nname = \"a\"\nsteps = 2\nenvs = { ticketmelt = 1.0 }\n\
+             [[stage]]\nname = \"b\"\nenvs = { merge_ring = 1.0 }\n",
         )
         .unwrap();
         std::fs::write(
@@ -1535,5 +1449,19 @@ mod tests {
         assert!(card.contains("Curriculum stages"), "{card}");
         assert!(card.contains("PeftModel.from_pretrained(base, \"me/my-adapter\")"));
         assert!(card.contains("concord generate --model Qwen/Qwen2.5-0.5B-Instruct --adapter"));
+
+        // undefined values (no scored seats: NaN, written as null) print as dashes
+        std::fs::write(
+            d.join("eval.json"),
+            r#"{"config":"c.toml","episodes":0,"greedy":true,"first_seed":0,"models":{
+              "base":{"adapter":null,"envs":{"ticketmelt":{"episodes":0,"seats":0,"reward_mean":null,
+                "reward_ci95":[null,null],"win_rate":null,"win_ci95":[0.0,1.0],"components":{"win":null}}}}}}"#,
+        )
+        .unwrap();
+        let card = model_card(d, "me/my-adapter").unwrap();
+        assert!(
+            card.contains("| ticketmelt | base | 0 | – | – | win – |"),
+            "{card}"
+        );
     }
 }

@@ -130,17 +130,43 @@ pub struct ModelEval {
     pub envs: BTreeMap<String, EnvEval>,
 }
 
+/// One model on one environment. Undefined values (no scored seats) are NaN, which
+/// JSON writes as `null`; reading turns `null` back into NaN.
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
 pub struct EnvEval {
     pub episodes: usize,
     /// Scored seats (episodes x trained seats per episode).
     pub seats: usize,
+    #[serde(deserialize_with = "nan_if_null")]
     pub reward_mean: f64,
+    #[serde(deserialize_with = "nan_pair_if_null")]
     pub reward_ci95: [f64; 2],
+    #[serde(deserialize_with = "nan_if_null")]
     pub win_rate: f64,
+    #[serde(deserialize_with = "nan_pair_if_null")]
     pub win_ci95: [f64; 2],
     /// Mean of each reward component.
+    #[serde(deserialize_with = "nan_map_if_null")]
     pub components: BTreeMap<String, f64>,
+}
+
+fn nan_if_null<'de, D: serde::Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+    Ok(Option::<f64>::deserialize(d)?.unwrap_or(f64::NAN))
+}
+
+fn nan_pair_if_null<'de, D: serde::Deserializer<'de>>(d: D) -> Result<[f64; 2], D::Error> {
+    let pair = Option::<[Option<f64>; 2]>::deserialize(d)?.unwrap_or([None, None]);
+    Ok(pair.map(|v| v.unwrap_or(f64::NAN)))
+}
+
+fn nan_map_if_null<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<BTreeMap<String, f64>, D::Error> {
+    let map = BTreeMap::<String, Option<f64>>::deserialize(d)?;
+    Ok(map
+        .into_iter()
+        .map(|(k, v)| (k, v.unwrap_or(f64::NAN)))
+        .collect())
 }
 
 impl EvalReport {
@@ -1036,6 +1062,41 @@ mod tests {
         assert_eq!(log.skipped(), vec![false, true, false]);
         assert!(log.column("stage").is_none());
         assert!(log.column("nope").is_none());
+    }
+
+    #[test]
+    fn eval_report_reads_undefined_values_back_as_nan() {
+        // what `concord eval` writes for an environment with no scored seats
+        let env = EnvEval {
+            episodes: 0,
+            seats: 0,
+            reward_mean: f64::NAN,
+            reward_ci95: [f64::NAN, f64::NAN],
+            win_rate: f64::NAN,
+            win_ci95: [0.0, 1.0],
+            components: BTreeMap::from([("win".to_string(), f64::NAN)]),
+        };
+        let report = EvalReport {
+            config: "c.toml".into(),
+            episodes: 0,
+            greedy: true,
+            first_seed: 1,
+            models: BTreeMap::from([(
+                "base".to_string(),
+                ModelEval {
+                    adapter: None,
+                    envs: BTreeMap::from([("ticketmelt".to_string(), env)]),
+                },
+            )]),
+        };
+        let text = serde_json::to_string(&report).unwrap();
+        assert!(text.contains("\"reward_mean\":null"), "{text}");
+        let back: EvalReport = serde_json::from_str(&text).unwrap();
+        let e = &back.models["base"].envs["ticketmelt"];
+        assert!(e.reward_mean.is_nan() && e.win_rate.is_nan());
+        assert!(e.reward_ci95.iter().all(|x| x.is_nan()));
+        assert_eq!(e.win_ci95, [0.0, 1.0]);
+        assert!(e.components["win"].is_nan());
     }
 
     #[test]
