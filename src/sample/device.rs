@@ -9,8 +9,9 @@
 //! top-p: the lowest logit of the nucleus; min-p: max + ln(min_p)). A threshold is found
 //! by bisection over masked counts or masked sums, which needs only elementwise ops and
 //! row reductions, the same on every backend, and no sort of 151,936 entries per row.
-//! The draw itself is inverse-CDF over the kept weights in vocabulary order, also by
-//! bisection (on the token index): the masked prefix mass is monotone in the index
+//! The draw itself is inverse-CDF over the kept weights in vocabulary order, in two
+//! levels (the block of 128 tokens from the block sums, then the token inside it), each
+//! a bisection on the position: the masked prefix mass is monotone in the position
 //! because float addition is monotone and a row reduction adds its entries in an order
 //! fixed by position, so the token found always has positive weight.
 //!
@@ -55,9 +56,7 @@ impl DeviceSampler {
             vocab > 0 && vocab < (1 << 24),
             "device sampling needs 0 < vocab < 2^24, got {vocab}"
         );
-        let positions = Tensor::arange(0u32, vocab as u32, device)?
-            .to_dtype(DType::F32)?
-            .unsqueeze(0)?;
+        let positions = positions(vocab, device)?;
         let stop_mask = if params.min_new_tokens > 0 && !params.stop_token_ids.is_empty() {
             let mut m = vec![0f32; vocab];
             for &t in &params.stop_token_ids {
@@ -247,31 +246,82 @@ impl DeviceSampler {
     }
 
     /// Per row, the smallest token index whose prefix mass of `e` exceeds `target`
-    /// (`[n, 1]` u32); the last positive-weight token when rounding leaves it unreached.
+    /// (`[n, 1]` u32): first the block of [`BLOCK`] tokens, from the block sums, then the
+    /// token inside it, so only one pass reads the whole vocabulary.
     fn inverse_cdf(&self, e: &Tensor, target: &Tensor) -> Result<Tensor> {
-        let n = e.dim(0)?;
-        let positive = e.gt(0f32)?;
-        let none = Tensor::full(-1f32, (n, self.vocab), &self.device)?;
-        let pos = self.positions.broadcast_as((n, self.vocab))?;
-        let last = positive.where_cond(&pos, &none)?.max_keepdim(D::Minus1)?;
-        let mut hi = last.maximum(0f32)?;
-        let mut lo = Tensor::full(-1f32, (n, 1), &self.device)?;
-        let zeros = e.zeros_like()?;
-        let steps = usize::BITS - self.vocab.leading_zeros();
-        for _ in 0..steps {
-            // invariant: mass(<= lo) <= target < mass(<= hi), or hi is the last token
-            let mid = lo.add(&hi)?.affine(0.5, 0.)?.floor()?;
-            let mass = self
-                .positions
-                .broadcast_le(&mid)?
-                .where_cond(e, &zeros)?
-                .sum_keepdim(D::Minus1)?;
-            let over = mass.gt(target)?;
-            hi = over.where_cond(&mid, &hi)?;
-            lo = over.where_cond(&lo, &mid)?;
-        }
-        Ok(hi.to_dtype(DType::U32)?)
+        let (n, v) = e.dims2()?;
+        let blocks = v.div_ceil(BLOCK);
+        let e = if blocks * BLOCK > v {
+            let pad = Tensor::zeros((n, blocks * BLOCK - v), DType::F32, &self.device)?;
+            Tensor::cat(&[e, &pad], 1)?
+        } else {
+            e.clone()
+        };
+        let e = e.reshape((n, blocks, BLOCK))?;
+        let sums = e.sum(2)?;
+        let block_pos = positions(blocks, &self.device)?;
+        let block = first_exceeding(&sums, &block_pos, target)?;
+        // A block chosen has positive mass (an empty block adds nothing to the prefix),
+        // and what is left of the target is >= 0, so the token found has positive weight.
+        let zeros = sums.zeros_like()?;
+        let before = block_pos
+            .broadcast_lt(&block)?
+            .where_cond(&sums, &zeros)?
+            .sum_keepdim(D::Minus1)?;
+        let rest = target.sub(&before)?;
+        let index = block
+            .to_dtype(DType::U32)?
+            .unsqueeze(2)?
+            .broadcast_as((n, 1, BLOCK))?
+            .contiguous()?;
+        let inside = e.gather(&index, 1)?.squeeze(1)?;
+        let offset = first_exceeding(&inside, &positions(BLOCK, &self.device)?, &rest)?;
+        Ok(block
+            .affine(BLOCK as f64, 0.)?
+            .add(&offset)?
+            .to_dtype(DType::U32)?)
     }
+}
+
+/// Tokens per block of the two-level inverse CDF.
+const BLOCK: usize = 128;
+
+/// `0, 1, ..., len-1` as f32, `[1, len]`.
+fn positions(len: usize, device: &Device) -> Result<Tensor> {
+    Ok(Tensor::arange(0u32, len as u32, device)?
+        .to_dtype(DType::F32)?
+        .unsqueeze(0)?)
+}
+
+/// Per row of `w` (`[n, L]`, weights >= 0), the smallest position (f32, `[n, 1]`) whose
+/// prefix mass exceeds `target`, by bisection over masked row sums; the last
+/// positive-weight position when rounding leaves the target unreached.
+///
+/// The prefix mass is monotone in the position, and equal across zero weights, because
+/// float addition is monotone and a row sum adds its entries in an order fixed by
+/// position: so the position found always has positive weight.
+fn first_exceeding(w: &Tensor, positions: &Tensor, target: &Tensor) -> Result<Tensor> {
+    let (n, len) = w.dims2()?;
+    let none = Tensor::full(-1f32, (n, len), w.device())?;
+    let last = w
+        .gt(0f32)?
+        .where_cond(&positions.broadcast_as((n, len))?, &none)?
+        .max_keepdim(D::Minus1)?;
+    let mut hi = last.maximum(0f32)?;
+    let mut lo = Tensor::full(-1f32, (n, 1), w.device())?;
+    let zeros = w.zeros_like()?;
+    for _ in 0..usize::BITS - len.leading_zeros() {
+        // invariant: mass(<= lo) <= target < mass(<= hi), or hi is the last positive
+        let mid = lo.add(&hi)?.affine(0.5, 0.)?.floor()?;
+        let mass = positions
+            .broadcast_le(&mid)?
+            .where_cond(w, &zeros)?
+            .sum_keepdim(D::Minus1)?;
+        let over = mass.gt(target)?;
+        hi = over.where_cond(&mid, &hi)?;
+        lo = over.where_cond(&lo, &mid)?;
+    }
+    Ok(hi)
 }
 
 /// `x * inv_t` (no copy when `inv_t == 1`).
@@ -451,6 +501,11 @@ mod tests {
         ];
         for p in &cases {
             agree(&l, p, &[], 0);
+        }
+        // several blocks of the two-level draw, the last one padded
+        let wide = random_logits(1000, 5);
+        for p in &cases[..6] {
+            agree(&wide, p, &[], 0);
         }
     }
 
