@@ -267,45 +267,30 @@ fn device_and_host_choosers_pick_the_same_tokens() {
     }
 }
 
-#[test]
-fn greedy_batched_equals_single_sequence_path_host() {
-    greedy_batched_equals_single_sequence_path(ChooseOn::Host);
+/// Each check runs with tokens chosen on the host and with the device chooser (tensor
+/// ops, here on the CPU): `name::host` and `name::device`.
+macro_rules! on_both_choosers {
+    ($($check:ident),* $(,)?) => {$(
+        mod $check {
+            #[test]
+            fn host() {
+                super::$check(super::ChooseOn::Host);
+            }
+
+            #[test]
+            fn device() {
+                super::$check(super::ChooseOn::Device);
+            }
+        }
+    )*};
 }
 
-#[test]
-fn greedy_batched_equals_single_sequence_path_device() {
-    greedy_batched_equals_single_sequence_path(ChooseOn::Device);
-}
-
-#[test]
-fn every_row_matches_sampling_it_alone_host() {
-    every_row_matches_sampling_it_alone(ChooseOn::Host);
-}
-
-#[test]
-fn every_row_matches_sampling_it_alone_device() {
-    every_row_matches_sampling_it_alone(ChooseOn::Device);
-}
-
-#[test]
-fn recorded_logprobs_match_training_forward_host() {
-    recorded_logprobs_match_training_forward(ChooseOn::Host);
-}
-
-#[test]
-fn recorded_logprobs_match_training_forward_device() {
-    recorded_logprobs_match_training_forward(ChooseOn::Device);
-}
-
-#[test]
-fn eos_min_new_tokens_and_stop_strings_host() {
-    eos_min_new_tokens_and_stop_strings(ChooseOn::Host);
-}
-
-#[test]
-fn eos_min_new_tokens_and_stop_strings_device() {
-    eos_min_new_tokens_and_stop_strings(ChooseOn::Device);
-}
+on_both_choosers!(
+    greedy_batched_equals_single_sequence_path,
+    every_row_matches_sampling_it_alone,
+    recorded_logprobs_match_training_forward,
+    eos_min_new_tokens_and_stop_strings,
+);
 
 #[test]
 fn generate_cli_json_shapes() {
