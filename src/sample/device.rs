@@ -41,6 +41,10 @@ pub struct DeviceSampler {
     device: Device,
     /// `0, 1, ..., V-1` as f32, `[1, V]`.
     positions: Tensor,
+    /// Block indices and positions inside a block of the two-level draw, `[1, B]` and
+    /// `[1, BLOCK]` (made once: building them uploads from the host).
+    block_positions: Tensor,
+    inner_positions: Tensor,
     /// `[n, V]` u8: 1 where the token occurs in the row's prompt or completion (only when
     /// the repetition penalty is on).
     presence: Option<Tensor>,
@@ -56,7 +60,7 @@ impl DeviceSampler {
             vocab > 0 && vocab < (1 << 24),
             "device sampling needs 0 < vocab < 2^24, got {vocab}"
         );
-        let positions = positions(vocab, device)?;
+        let token_positions = positions(vocab, device)?;
         let stop_mask = if params.min_new_tokens > 0 && !params.stop_token_ids.is_empty() {
             let mut m = vec![0f32; vocab];
             for &t in &params.stop_token_ids {
@@ -72,7 +76,9 @@ impl DeviceSampler {
             params: params.clone(),
             vocab,
             device: device.clone(),
-            positions,
+            positions: token_positions,
+            block_positions: positions(vocab.div_ceil(BLOCK), device)?,
+            inner_positions: positions(BLOCK, device)?,
             presence: None,
             stop_mask,
         })
@@ -176,7 +182,7 @@ impl DeviceSampler {
             let s = scale(&l, inv_t)?;
             let m = s.max_keepdim(D::Minus1)?;
             let floor = self.keep_threshold(&s, &m)?;
-            let e = weights(&s, &m, &floor)?;
+            let e = weights(&s, &m, floor.as_ref())?;
             let z = e.sum_keepdim(D::Minus1)?;
             let u: Vec<f32> = uniforms.iter().map(|&u| unit_f32(u)).collect();
             let target = Tensor::from_vec(u, (n, 1), &self.device)?.mul(&z)?;
@@ -208,39 +214,47 @@ impl DeviceSampler {
     }
 
     /// Per-row threshold on the scaled logits `s` (`[n, V]`, row max `m`) at and above
-    /// which tokens survive top-k, top-p and min-p, in that order (`-inf` = keep all).
-    fn keep_threshold(&self, s: &Tensor, m: &Tensor) -> Result<Tensor> {
+    /// which tokens survive top-k, top-p and min-p, in that order (None: no filter on).
+    fn keep_threshold(&self, s: &Tensor, m: &Tensor) -> Result<Option<Tensor>> {
         let p = &self.params;
         let n = s.dim(0)?;
-        let mut floor = Tensor::full(f32::NEG_INFINITY, (n, 1), &self.device)?;
+        let mut floor: Option<Tensor> = None;
         let lowest = m.affine(1.0, -WEIGHT_RANGE)?;
         let above_max = m.affine(1.0, 1.0)?;
         if p.top_k > 0 && p.top_k < self.vocab {
             // largest threshold keeping at least k tokens = the k-th largest value
             let k = Tensor::full(p.top_k as f32, (n, 1), &self.device)?;
-            floor = bisect(&lowest, &above_max, |mid| {
+            floor = Some(bisect(&lowest, &above_max, |mid| {
                 let count = s
                     .broadcast_ge(mid)?
                     .to_dtype(DType::F32)?
                     .sum_keepdim(D::Minus1)?;
                 Ok(count.ge(&k)?)
-            })?;
+            })?);
         }
         if p.top_p < 1.0 {
             // largest threshold whose kept mass reaches top_p of what top-k left
-            let e = weights(s, m, &floor)?;
+            let e = weights(s, m, floor.as_ref())?;
             let need = e.sum_keepdim(D::Minus1)?.affine(p.top_p as f64, 0.)?;
             let zeros = e.zeros_like()?;
-            floor = bisect(&floor.maximum(&lowest)?, &above_max, |mid| {
+            let start = match &floor {
+                Some(f) => f.maximum(&lowest)?,
+                None => lowest.clone(),
+            };
+            floor = Some(bisect(&start, &above_max, |mid| {
                 let mass = s
                     .broadcast_ge(mid)?
                     .where_cond(&e, &zeros)?
                     .sum_keepdim(D::Minus1)?;
                 Ok(mass.ge(&need)?)
-            })?;
+            })?);
         }
         if p.min_p > 0.0 {
-            floor = floor.maximum(&m.affine(1.0, (p.min_p as f64).ln())?)?;
+            let min_p = m.affine(1.0, (p.min_p as f64).ln())?;
+            floor = Some(match floor {
+                Some(f) => f.maximum(&min_p)?,
+                None => min_p,
+            });
         }
         Ok(floor)
     }
@@ -259,8 +273,8 @@ impl DeviceSampler {
         };
         let e = e.reshape((n, blocks, BLOCK))?;
         let sums = e.sum(2)?;
-        let block_pos = positions(blocks, &self.device)?;
-        let block = first_exceeding(&sums, &block_pos, target)?;
+        let block_pos = &self.block_positions;
+        let block = first_exceeding(&sums, block_pos, target)?;
         // A block chosen has positive mass (an empty block adds nothing to the prefix),
         // and what is left of the target is >= 0, so the token found has positive weight.
         let zeros = sums.zeros_like()?;
@@ -275,7 +289,7 @@ impl DeviceSampler {
             .broadcast_as((n, 1, BLOCK))?
             .contiguous()?;
         let inside = e.gather(&index, 1)?.squeeze(1)?;
-        let offset = first_exceeding(&inside, &positions(BLOCK, &self.device)?, &rest)?;
+        let offset = first_exceeding(&inside, &self.inner_positions, &rest)?;
         Ok(block
             .affine(BLOCK as f64, 0.)?
             .add(&offset)?
@@ -340,9 +354,12 @@ fn log_sum_exp(x: &Tensor) -> Result<Tensor> {
     Ok(s.log()?.add(&m)?)
 }
 
-/// `exp(s - m)` where `s >= floor`, else 0.
-fn weights(s: &Tensor, m: &Tensor, floor: &Tensor) -> Result<Tensor> {
+/// `exp(s - m)` where `s >= floor`, else 0 (everything kept without a floor).
+fn weights(s: &Tensor, m: &Tensor, floor: Option<&Tensor>) -> Result<Tensor> {
     let e = s.broadcast_sub(m)?.exp()?;
+    let Some(floor) = floor else {
+        return Ok(e);
+    };
     let zeros = e.zeros_like()?;
     Ok(s.broadcast_ge(floor)?.where_cond(&e, &zeros)?)
 }
