@@ -20,7 +20,8 @@
 //! open-ended stage named `main` on `[env]`.
 use crate::config::{Config, EnvConfig};
 use crate::envs::{self, Options};
-use crate::grpo::trainer::{mix, EnvTask, Renderer, Task, TaskPrompt};
+use crate::grpo::trainer::{EnvTask, Renderer, Task, TaskPrompt};
+use crate::rng::mix_seeds as mix;
 use crate::sample::Completion;
 use anyhow::{anyhow, bail, Context, Result};
 use serde::{Deserialize, Serialize};

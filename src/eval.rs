@@ -8,8 +8,9 @@
 //! the same episodes with the same random numbers.
 use crate::config::Config;
 use crate::envs::{self, wilson_ci, EnvFactory, Environment};
-use crate::grpo::trainer::{load_model, mix, Renderer};
+use crate::grpo::trainer::{load_model, Renderer};
 use crate::model::qwen2::Qwen2;
+use crate::rng::mix_seeds as mix;
 use crate::sample::{self, GroupRequest, SamplingParams};
 use anyhow::{bail, Context, Result};
 use std::collections::BTreeMap;
@@ -302,7 +303,7 @@ pub fn run_eval(args: EvalArgs) -> Result<()> {
         .clone()
         .or_else(|| adapter.as_ref().map(|a| a.join("eval.json")));
     if let Some(p) = &out {
-        crate::grpo::atomic_write_bytes(p, &serde_json::to_vec_pretty(&report)?)?;
+        crate::atomic::atomic_write_bytes(p, &serde_json::to_vec_pretty(&report)?)?;
     }
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);

@@ -308,7 +308,7 @@ fn validate_repo_id(repo: &str) -> Result<()> {
 /// Returns (path in repo, bytes), the model card last.
 fn collect_files(opts: &ExportOptions) -> Result<Vec<(String, Vec<u8>)>> {
     let card = model_card(&opts.run_dir, &opts.repo)?;
-    write_atomic(&opts.run_dir.join("README.md"), card.as_bytes())?;
+    crate::atomic::atomic_write_bytes(&opts.run_dir.join("README.md"), card.as_bytes())?;
     let mut files = Vec::new();
     for name in RUN_FILES {
         let path = opts.run_dir.join(name);
@@ -320,14 +320,6 @@ fn collect_files(opts: &ExportOptions) -> Result<Vec<(String, Vec<u8>)>> {
     }
     files.push(("README.md".to_string(), card.into_bytes()));
     Ok(files)
-}
-
-fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    let tmp = path.with_extension("md.tmp");
-    std::fs::write(&tmp, bytes).with_context(|| format!("writing {}", tmp.display()))?;
-    std::fs::rename(&tmp, path)
-        .with_context(|| format!("renaming {} to {}", tmp.display(), path.display()))?;
-    Ok(())
 }
 
 fn human_size(n: u64) -> String {

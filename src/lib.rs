@@ -3,6 +3,8 @@
 //! Layout: [`model`] (Qwen2 + LoRA, loading, tokenizer), [`sample`] (group sampling
 //! with a shared KV cache), [`grpo`] (advantages, loss, optimiser, trainer), [`envs`]
 //! (the multi-agent environments) and [`config`] (the TOML schema).
+pub mod atomic;
+pub mod chat;
 pub mod cli;
 pub mod config;
 pub mod curriculum;
@@ -12,4 +14,5 @@ pub mod grpo;
 pub mod hub;
 pub mod model;
 pub mod plot;
+pub mod rng;
 pub mod sample;

@@ -480,7 +480,7 @@ fn write_png(
         w.finish()
             .with_context(|| format!("encoding {}", path.display()))?;
     }
-    crate::grpo::atomic_write_bytes(path, &png_bytes)
+    crate::atomic::atomic_write_bytes(path, &png_bytes)
 }
 
 fn plot_err<E: std::fmt::Debug>(e: E) -> anyhow::Error {

@@ -3,7 +3,7 @@
 use std::path::Path;
 
 use candle_core::{DType, Device, Tensor};
-use concord::envs::Message;
+use concord::chat::Message;
 use concord::model::load::tiny::{init_tiny, TinyDType, TinySpec};
 use concord::model::load::{self, load_checkpoint, ModelRef};
 use concord::model::tokenizer::Tokenizer;

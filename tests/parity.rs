@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use candle_core::{DType, Device, IndexOp, Tensor};
-use concord::envs::Message;
+use concord::chat::Message;
 use concord::model::load::tiny::{init_tiny, TinySpec};
 use concord::model::load::{load_model, LoadedModel, ModelRef};
 use concord::model::tokenizer::Tokenizer;

@@ -48,33 +48,7 @@ pub mod ticketmelt;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
-/// One chat message, as the chat template consumes it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Message {
-    pub role: String,
-    pub content: String,
-}
-
-impl Message {
-    pub fn system(content: impl Into<String>) -> Self {
-        Self {
-            role: "system".into(),
-            content: content.into(),
-        }
-    }
-    pub fn user(content: impl Into<String>) -> Self {
-        Self {
-            role: "user".into(),
-            content: content.into(),
-        }
-    }
-    pub fn assistant(content: impl Into<String>) -> Self {
-        Self {
-            role: "assistant".into(),
-            content: content.into(),
-        }
-    }
-}
+pub use crate::chat::Message;
 
 /// A seat's reward: named components plus the scalar GRPO optimises.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
@@ -411,14 +385,6 @@ impl std::fmt::Debug for Decision {
     }
 }
 
-/// splitmix64: the decision sampler's own stream (independent of the episode's).
-fn mix(mut x: u64) -> u64 {
-    x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    x ^ (x >> 31)
-}
-
 /// Play one continuation step (one text per policy seat).
 fn continuation_step(env: &mut dyn Environment) -> bool {
     let actions: Vec<String> = env
@@ -443,8 +409,8 @@ pub fn sample_decision(factory: &dyn EnvFactory, seed: u64) -> Decision {
         }
         len += 1;
     }
-    let r1 = mix(seed ^ 0xD1B5_4A32_D192_ED03);
-    let r2 = mix(r1);
+    let r1 = crate::rng::splitmix64(seed ^ 0xD1B5_4A32_D192_ED03);
+    let r2 = crate::rng::splitmix64(r1);
     let k = if len == 0 {
         0
     } else {

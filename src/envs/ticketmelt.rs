@@ -66,6 +66,7 @@
 #![allow(clippy::needless_range_loop)]
 
 use super::{measure, BaselineRow, BenchResult, EnvFactory, Environment, Message, Options, Reward};
+use crate::rng::splitmix64_next;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -88,23 +89,15 @@ pub struct Rng {
     s: [u64; 4],
 }
 
-fn splitmix(x: &mut u64) -> u64 {
-    *x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    let mut z = *x;
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
-
 impl Rng {
     pub fn new(seed: u64) -> Self {
         let mut x = seed;
         Self {
             s: [
-                splitmix(&mut x),
-                splitmix(&mut x),
-                splitmix(&mut x),
-                splitmix(&mut x),
+                splitmix64_next(&mut x),
+                splitmix64_next(&mut x),
+                splitmix64_next(&mut x),
+                splitmix64_next(&mut x),
             ],
         }
     }

@@ -185,7 +185,7 @@ impl AdamW {
             .into_iter()
             .map(|(k, v)| Ok((k, v.to_device(&Device::Cpu)?)))
             .collect::<Result<_>>()?;
-        super::atomic_write(path, |tmp| {
+        crate::atomic::atomic_write(path, |tmp| {
             candle_core::safetensors::save(&state, tmp)?;
             Ok(())
         })

@@ -12,16 +12,17 @@
 //! pure functions of `(run.seed, s)`, so a resumed run (adapter + optimizer state
 //! restored from `checkpoint-S/`) writes the same later rows as an uninterrupted one.
 use super::advantage::{check_weights, component_stats, compute_advantages, weighted_reward};
-use super::atomic_write_bytes;
 use super::loss::{grpo_loss, LossInputs, LossParams, LossScale, LossStats};
 use super::optim::{clip_grad_norm, AdamW, AdamWParams, LrSchedule};
 use super::rollout::{micro_batches, pack, Rollout};
+use crate::atomic::atomic_write_bytes;
+use crate::chat::Message;
 use crate::config::Config;
 use crate::curriculum::{total_steps, Stage, StageLength};
-use crate::envs::Message;
 use crate::envs::{self, EnvFactory, Reward};
 use crate::model::lora::LoraConfig;
 use crate::model::qwen2::{Mode, Qwen2};
+use crate::rng::mix_seeds as mix;
 use crate::sample::{self, Completion, FinishReason, SamplingParams};
 use anyhow::{bail, Context, Result};
 use candle_core::{DType, Tensor};
@@ -136,16 +137,6 @@ impl Task for EnvTask {
             .context("prompt state is not an environment decision")?;
         Ok(envs::score_decision(d, &completion.text))
     }
-}
-
-/// splitmix64 of `(a, b)`: independent seeds per step / prompt / micro-batch.
-pub fn mix(a: u64, b: u64) -> u64 {
-    let mut z = a ^ b
-        .wrapping_mul(0x9E37_79B9_7F4A_7C15)
-        .wrapping_add(0x632B_E59B_D9B4_E019);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
 }
 
 // ------------------------------------------------------------------------ logging

@@ -177,18 +177,6 @@ pub fn run_model(args: ModelArgs) -> Result<()> {
     }
 }
 
-/// Read a FILE.json of chat messages.
-pub fn read_messages(path: &std::path::Path) -> Result<Vec<crate::envs::Message>> {
-    let text =
-        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    serde_json::from_str(&text).with_context(|| {
-        format!(
-            "{}: expected a JSON list of {{\"role\", \"content\"}} messages",
-            path.display()
-        )
-    })
-}
-
 fn init_adapter(a: &InitAdapterArgs) -> Result<()> {
     use rand::SeedableRng;
     let device = candle_core::Device::Cpu;
@@ -233,7 +221,7 @@ fn init_adapter(a: &InitAdapterArgs) -> Result<()> {
 /// completion ids (no special tokens) and ln p(completion_ids[i] | everything before).
 pub fn score(
     m: &LoadedModel,
-    messages: &[crate::envs::Message],
+    messages: &[crate::chat::Message],
     completion: &str,
 ) -> Result<(Vec<u32>, Vec<u32>, Vec<f32>)> {
     let prompt_ids = m.tokenizer.encode_chat(messages, true)?;
@@ -261,7 +249,7 @@ pub fn score(
 pub fn run_score(args: ScoreArgs) -> Result<()> {
     let device = crate::config::parse_device(&args.device)?;
     let dtype = parse_dtype(&args.dtype, &device)?;
-    let messages = read_messages(&args.messages)?;
+    let messages = crate::chat::read_messages(&args.messages)?;
     let m = load_model_with_adapter(
         &ModelRef::parse(&args.model)?,
         args.adapter.as_deref(),

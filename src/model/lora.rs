@@ -347,21 +347,6 @@ impl LoraLinear {
     }
 }
 
-/// Write `bytes` to `path` atomically (temp file in the same directory, then rename).
-pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    let dir = path
-        .parent()
-        .ok_or_else(|| anyhow!("{} has no parent directory", path.display()))?;
-    let name = path
-        .file_name()
-        .and_then(|n| n.to_str())
-        .ok_or_else(|| anyhow!("bad file name {}", path.display()))?;
-    let tmp = dir.join(format!(".{name}.tmp{}", std::process::id()));
-    std::fs::write(&tmp, bytes).with_context(|| format!("writing {}", tmp.display()))?;
-    std::fs::rename(&tmp, path).with_context(|| format!("renaming to {}", path.display()))?;
-    Ok(())
-}
-
 /// Save `(PEFT key, f32 tensor)` pairs and the config as a PEFT adapter directory.
 pub fn save_peft(
     dir: &Path,
@@ -387,9 +372,9 @@ pub fn save_peft(
     let meta: HashMap<String, String> = [("format".to_string(), "pt".to_string())].into();
     let bytes =
         safetensors::serialize(views, &Some(meta)).map_err(|e| anyhow!("safetensors: {e:?}"))?;
-    write_atomic(&dir.join(ADAPTER_WEIGHTS), &bytes)?;
+    crate::atomic::atomic_write_bytes(&dir.join(ADAPTER_WEIGHTS), &bytes)?;
     let json = serde_json::to_string_pretty(&cfg.to_peft_json(base_model_name_or_path))?;
-    write_atomic(&dir.join(ADAPTER_CONFIG), json.as_bytes())?;
+    crate::atomic::atomic_write_bytes(&dir.join(ADAPTER_CONFIG), json.as_bytes())?;
     Ok(())
 }
 

@@ -379,12 +379,10 @@ pub fn generation_config_json() -> serde_json::Value {
     })
 }
 
-/// Write `bytes` to `dir/name` atomically (temporary file + rename).
-pub fn write_atomic(dir: &Path, name: &str, bytes: &[u8]) -> Result<PathBuf> {
+/// Write `bytes` to `dir/name` atomically; returns the path written.
+fn write_atomic(dir: &Path, name: &str, bytes: &[u8]) -> Result<PathBuf> {
     let path = dir.join(name);
-    let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
-    std::fs::write(&tmp, bytes).with_context(|| format!("writing {}", tmp.display()))?;
-    std::fs::rename(&tmp, &path).with_context(|| format!("renaming to {}", path.display()))?;
+    crate::atomic::atomic_write_bytes(&path, bytes)?;
     Ok(path)
 }
 

@@ -11,7 +11,7 @@ use anyhow::{anyhow, Context, Result};
 use minijinja::value::{Kwargs, Value, ValueKind};
 use minijinja::{Environment, Error as JinjaError, ErrorKind};
 
-use crate::envs::Message;
+use crate::chat::Message;
 
 /// ChatML, used when a checkpoint has no chat template.
 pub const CHATML_TEMPLATE: &str = "{%- for message in messages %}{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}";

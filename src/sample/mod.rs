@@ -168,12 +168,7 @@ pub fn row_rng(seed: u64, prompt_index: usize, sample_index: usize) -> ChaCha8Rn
     let mut s = seed;
     for chunk in key.chunks_mut(8) {
         // splitmix64 expansion of the seed into a 256-bit key
-        s = s.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = s;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^= z >> 31;
-        chunk.copy_from_slice(&z.to_le_bytes());
+        chunk.copy_from_slice(&crate::rng::splitmix64_next(&mut s).to_le_bytes());
     }
     let mut rng = ChaCha8Rng::from_seed(key);
     rng.set_stream(((prompt_index as u64) << 32) | (sample_index as u64 & 0xFFFF_FFFF));
@@ -1071,7 +1066,7 @@ fn rows_in_order<'a>(rows: &'a mut [Row], want: &[usize]) -> Vec<&'a mut Row> {
 // `concord generate` and `concord bench sample`
 // ---------------------------------------------------------------------------------------
 
-use crate::envs::Message;
+use crate::chat::{read_messages, read_prompts_jsonl, Message};
 use anyhow::Context;
 use clap::Args;
 use serde_json::json;
@@ -1251,38 +1246,6 @@ pub struct GenerateArgs {
     /// With --json, include `sample_logprobs` and `full_logprobs` per completion.
     #[arg(long)]
     pub logprobs: bool,
-}
-
-fn read_messages(path: &Path) -> anyhow::Result<Vec<Message>> {
-    let text =
-        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    serde_json::from_str(&text).with_context(|| {
-        format!(
-            "{}: expected a JSON list of {{\"role\",\"content\"}}",
-            path.display()
-        )
-    })
-}
-
-fn read_prompts_jsonl(path: &Path) -> anyhow::Result<Vec<Vec<Message>>> {
-    let text =
-        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    let mut out = Vec::new();
-    for (n, line) in text.lines().enumerate() {
-        if line.trim().is_empty() {
-            continue;
-        }
-        let msgs: Vec<Message> = serde_json::from_str(line).with_context(|| {
-            format!(
-                "{} line {}: expected a JSON list of {{\"role\",\"content\"}}",
-                path.display(),
-                n + 1
-            )
-        })?;
-        out.push(msgs);
-    }
-    anyhow::ensure!(!out.is_empty(), "{}: no prompts", path.display());
-    Ok(out)
 }
 
 fn completion_json(c: &Completion, logprobs: bool) -> serde_json::Value {
