@@ -1070,7 +1070,7 @@ use crate::chat::{read_messages, read_prompts_jsonl, Message};
 use anyhow::Context;
 use clap::Args;
 use serde_json::json;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 /// Sampling flags shared by `generate` and `bench sample`.
 #[derive(Args, Debug, Clone)]

@@ -1,5 +1,8 @@
-//! The `concord` command line. Thin: each subcommand's arguments live beside the code
-//! that runs it; this file only routes.
+//! The `concord` command line. Thin: every clap type lives here, one file per command,
+//! and each command calls one library entry function. No library module knows clap.
+mod bench;
+
+pub use bench::{BenchArgs, BenchCommand};
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
@@ -28,25 +31,11 @@ pub enum Command {
     /// Play held-out episodes: reward components, win rates, 95% CIs (`--compare`: base vs adapter).
     Eval(crate::eval::EvalArgs),
     /// Benchmarks (`bench sample`, `bench train`).
-    Bench(BenchArgs),
+    Bench(bench::BenchArgs),
     /// Draw reward_curve.png, components.png (and before_after.png after `eval --compare`) for a run directory.
     Plot(crate::plot::PlotArgs),
     /// Upload a run's adapter, logs, plots and a model card to the Hugging Face Hub.
     Export(crate::hub::ExportArgs),
-}
-
-#[derive(clap::Args)]
-pub struct BenchArgs {
-    #[command(subcommand)]
-    pub command: BenchCommand,
-}
-
-#[derive(Subcommand)]
-pub enum BenchCommand {
-    /// Sampling throughput: tokens/s, prefill tokens/s, peak memory.
-    Sample(crate::sample::BenchSampleArgs),
-    /// LoRA forward+backward throughput: tokens/s, seconds, peak RSS.
-    Train(crate::grpo::trainer::BenchTrainArgs),
 }
 
 pub fn main() -> i32 {
@@ -68,10 +57,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Generate(args) => crate::sample::run_generate(args),
         Command::Train(args) => crate::grpo::trainer::run_train(args),
         Command::Eval(args) => crate::eval::run_eval(args),
-        Command::Bench(args) => match args.command {
-            BenchCommand::Sample(a) => crate::sample::run_bench_sample(a),
-            BenchCommand::Train(a) => crate::grpo::trainer::bench_train(a),
-        },
+        Command::Bench(args) => bench::run(args),
         Command::Plot(args) => crate::plot::run_plot(args),
         Command::Export(args) => crate::hub::run_export(args),
     }
