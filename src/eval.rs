@@ -8,47 +8,41 @@
 //! the same episodes with the same random numbers.
 use crate::config::Config;
 use crate::envs::{self, wilson_ci, EnvFactory, Environment};
-use crate::grpo::trainer::{load_model, Renderer};
 use crate::model::qwen2::Qwen2;
 use crate::rng::mix_seeds as mix;
 use crate::sample::{self, GroupRequest, SamplingParams};
+use crate::task::{load_model, Renderer};
 use anyhow::{bail, Context, Result};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-pub use crate::plot::{EnvEval, EvalReport, ModelEval};
+pub use crate::run::eval_report::{EnvEval, EvalReport, ModelEval, EVAL_JSON};
 
-#[derive(clap::Args, Debug)]
-pub struct EvalArgs {
+/// What `concord eval` evaluates, and how.
+#[derive(Debug, Clone)]
+pub struct EvalOptions {
     /// The run configuration: model, environments (those of the last stage), sampling.
-    #[arg(long)]
     pub config: PathBuf,
-    /// Override a config key (repeatable), as for `train`.
-    #[arg(long = "set", value_name = "SECTION.KEY=VALUE")]
+    /// `section.key=value` overrides, as for `train`.
     pub sets: Vec<String>,
     /// PEFT adapter directory (default: the config's run directory).
-    #[arg(long, conflicts_with = "base")]
     pub adapter: Option<PathBuf>,
     /// Evaluate the base model without any adapter.
-    #[arg(long)]
     pub base: bool,
-    /// Evaluate base and adapter on the same seeds and print the before/after table.
-    #[arg(long, conflicts_with = "base")]
+    /// Evaluate base and adapter on the same seeds.
     pub compare: bool,
     /// Episodes per environment.
-    #[arg(long, default_value_t = 100)]
     pub episodes: usize,
+    /// Index of the first held-out episode (0: the default set; another value gives
+    /// other held-out episodes).
+    pub first_seed: u64,
     /// Greedy decoding instead of the config's sampling parameters.
-    #[arg(long)]
     pub greedy: bool,
     /// Print the report as JSON.
-    #[arg(long)]
     pub json: bool,
     /// Where to write eval.json (default: into the adapter's directory).
-    #[arg(long)]
     pub out: Option<PathBuf>,
     /// Prompts sampled together.
-    #[arg(long, default_value_t = 32)]
     pub batch: usize,
 }
 
@@ -62,7 +56,7 @@ pub fn eval_envs(cfg: &Config) -> Result<Vec<(String, Box<dyn EnvFactory>)>> {
                 .context("missing [env] (or [[stage]] tables)")?;
             vec![(env.name.clone(), env.options.clone())]
         }
-        Some(s) => crate::curriculum::stage_envs(cfg, s)?
+        Some(s) => crate::config::stage::stage_envs(cfg, s)?
             .into_iter()
             .map(|(name, _weight, opts)| (name, opts))
             .collect(),
@@ -139,10 +133,11 @@ pub fn play(
     renderer: &dyn Renderer,
     factory: &dyn EnvFactory,
     episodes: usize,
+    first_seed: u64,
     params: &SamplingParams,
     batch: usize,
 ) -> Result<Outcomes> {
-    let mut eps: Vec<Box<dyn Environment>> = (0..episodes as u64)
+    let mut eps: Vec<Box<dyn Environment>> = (first_seed..first_seed + episodes as u64)
         .map(|i| factory.reset(envs::eval_seed(i)))
         .collect();
     let decode = |ids: &[u32]| renderer.decode(ids);
@@ -216,7 +211,7 @@ pub fn play(
 fn sampling(cfg: &Config, greedy: bool, stop_ids: Vec<u32>) -> Result<SamplingParams> {
     // The last stage's sampling keys (its overrides applied).
     let g = match cfg.stages.last() {
-        Some(s) => crate::curriculum::resolve_config(cfg, s)?.grpo,
+        Some(s) => crate::config::stage::resolve_config(cfg, s)?.grpo,
         None => cfg.grpo.clone(),
     };
     let mut p = SamplingParams::from_grpo(&g, stop_ids, mix(cfg.run.seed, 0xE7A1));
@@ -238,7 +233,7 @@ fn default_adapter(cfg: &Config) -> Result<PathBuf> {
     }
 }
 
-pub fn run_eval(args: EvalArgs) -> Result<()> {
+pub fn run_eval(args: EvalOptions) -> Result<()> {
     let cfg = Config::load(&args.config, &args.sets)?;
     if args.episodes == 0 {
         bail!("--episodes must be >= 1");
@@ -265,7 +260,7 @@ pub fn run_eval(args: EvalArgs) -> Result<()> {
         config: args.config.display().to_string(),
         episodes: args.episodes,
         greedy: args.greedy,
-        first_seed: envs::eval_seed(0),
+        first_seed: envs::eval_seed(args.first_seed),
         models: BTreeMap::new(),
     };
     for (label, dir) in labels {
@@ -285,6 +280,7 @@ pub fn run_eval(args: EvalArgs) -> Result<()> {
                 renderer.as_ref(),
                 factory.as_ref(),
                 args.episodes,
+                args.first_seed,
                 &params,
                 args.batch,
             )?;
@@ -301,9 +297,9 @@ pub fn run_eval(args: EvalArgs) -> Result<()> {
     let out = args
         .out
         .clone()
-        .or_else(|| adapter.as_ref().map(|a| a.join("eval.json")));
+        .or_else(|| adapter.as_ref().map(|a| a.join(EVAL_JSON)));
     if let Some(p) = &out {
-        crate::atomic::atomic_write_bytes(p, &serde_json::to_vec_pretty(&report)?)?;
+        report.write(p)?;
     }
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);

@@ -24,11 +24,11 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use base64::Engine;
-use clap::Args;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use crate::plot::{EvalReport, ModelEval, TrainingLog};
+use crate::run::eval_report::{EvalReport, ModelEval};
+use crate::run::log::TrainingLog;
 use sha2::{Digest, Sha256};
 
 /// The Hub used when `HF_ENDPOINT` is not set.
@@ -163,27 +163,6 @@ fn normalize_endpoint(e: &str) -> String {
 // CLI
 // ---------------------------------------------------------------------------------
 
-#[derive(Args, Debug, Clone)]
-pub struct ExportArgs {
-    /// The run directory (holds adapter_model.safetensors and adapter_config.json).
-    pub run_dir: PathBuf,
-    /// Target model repo, `user/name` or `org/name`; created when missing.
-    #[arg(long)]
-    pub repo: String,
-    /// Create the repo as private (an existing repo keeps its visibility).
-    #[arg(long)]
-    pub private: bool,
-    /// Branch to commit to; created when it is not `main` and does not exist.
-    #[arg(long, default_value = "main")]
-    pub revision: String,
-    /// Commit summary.
-    #[arg(long, default_value = "Upload Concord GRPO adapter")]
-    pub message: String,
-    /// Write the model card and list what would be uploaded; no network, no token.
-    #[arg(long)]
-    pub dry_run: bool,
-}
-
 /// What [`export`] uploads and where.
 #[derive(Debug, Clone)]
 pub struct ExportOptions {
@@ -227,17 +206,10 @@ pub struct ExportReport {
 
 /// `concord export`: resolves the endpoint and token from the environment and runs
 /// [`export`] (or, with `--dry-run`, only writes the model card).
-pub fn run_export(args: ExportArgs) -> Result<()> {
-    let opts = ExportOptions {
-        run_dir: args.run_dir,
-        repo: args.repo,
-        private: args.private,
-        revision: args.revision,
-        message: args.message,
-    };
-    validate_options(&opts)?;
-    if args.dry_run {
-        let files = collect_files(&opts)?;
+pub fn run_export(opts: &ExportOptions, dry_run: bool) -> Result<()> {
+    validate_options(opts)?;
+    if dry_run {
+        let files = collect_files(opts)?;
         println!(
             "dry run: would upload to {}/{} (revision {}){}:",
             endpoint_from_env(),
@@ -256,7 +228,7 @@ pub fn run_export(args: ExportArgs) -> Result<()> {
     }
     let endpoint = endpoint_from_env();
     let token = HfToken::from_env()?;
-    export(&opts, &endpoint, &token)?;
+    export(opts, &endpoint, &token)?;
     Ok(())
 }
 

@@ -15,4 +15,7 @@ pub mod hub;
 pub mod model;
 pub mod plot;
 pub mod rng;
+pub mod run;
 pub mod sample;
+pub mod sys;
+pub mod task;

@@ -9,13 +9,13 @@
 //! Text is drawn with a font embedded in the binary (`assets/DejaVuSans.ttf`), so the
 //! images render the same on machines without any system fonts. Every image is
 //! rendered into memory, encoded, then written atomically.
+use crate::run::eval_report::{EnvEval, EvalReport, ModelEval, EVAL_JSON};
+use crate::run::log::{TrainingLog, TRAINING_LOG};
 use anyhow::{bail, Context, Result};
 use plotters::coord::types::RangedCoordf64;
 use plotters::element::DashedPathElement;
 use plotters::prelude::*;
 use plotters::style::FontStyle;
-use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 /// Width of every image, pixels.
@@ -23,29 +23,6 @@ pub const PLOT_WIDTH: u32 = 1200;
 /// Height of `reward_curve.png` and `components.png` (and of `before_after.png` with
 /// one or two environments), pixels.
 pub const PLOT_HEIGHT: u32 = 700;
-
-/// The training log a run directory always has.
-pub const TRAINING_LOG: &str = "training_log.csv";
-/// Written by `concord eval`.
-pub const EVAL_JSON: &str = "eval.json";
-
-#[derive(clap::Args, Debug, Clone)]
-pub struct PlotArgs {
-    /// Run directory (holds training_log.csv, and eval.json after `concord eval`).
-    pub run_dir: PathBuf,
-    /// Rolling-mean window, in steps.
-    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..))]
-    pub window: u64,
-}
-
-/// `concord plot`: draw what the run directory allows and print the written paths.
-pub fn run_plot(args: PlotArgs) -> Result<()> {
-    let window = usize::try_from(args.window).context("--window is too large")?;
-    for p in plot_run(&args.run_dir, window)? {
-        println!("{}", p.display());
-    }
-    Ok(())
-}
 
 /// Draw `reward_curve.png` and `components.png` from `training_log.csv` and, when
 /// `eval.json` holds both a `base` and an `adapter` model, `before_after.png`.
@@ -107,76 +84,6 @@ fn run_name(run_dir: &Path) -> String {
         .unwrap_or_else(|| run_dir.display().to_string())
 }
 
-// ------------------------------------------------------------------------ eval.json
-
-/// `eval.json`, written by `concord eval`.
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
-pub struct EvalReport {
-    /// The config file the evaluation used.
-    pub config: String,
-    /// Episodes per environment.
-    pub episodes: usize,
-    pub greedy: bool,
-    pub first_seed: u64,
-    /// By model: `base` (no adapter) and/or `adapter`.
-    pub models: BTreeMap<String, ModelEval>,
-}
-
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
-pub struct ModelEval {
-    /// The adapter's directory; `None` for the base model.
-    pub adapter: Option<String>,
-    /// By environment name.
-    pub envs: BTreeMap<String, EnvEval>,
-}
-
-/// One model on one environment. Undefined values (no scored seats) are NaN, which
-/// JSON writes as `null`; reading turns `null` back into NaN.
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
-pub struct EnvEval {
-    pub episodes: usize,
-    /// Scored seats (episodes x trained seats per episode).
-    pub seats: usize,
-    #[serde(deserialize_with = "nan_if_null")]
-    pub reward_mean: f64,
-    #[serde(deserialize_with = "nan_pair_if_null")]
-    pub reward_ci95: [f64; 2],
-    #[serde(deserialize_with = "nan_if_null")]
-    pub win_rate: f64,
-    #[serde(deserialize_with = "nan_pair_if_null")]
-    pub win_ci95: [f64; 2],
-    /// Mean of each reward component.
-    #[serde(deserialize_with = "nan_map_if_null")]
-    pub components: BTreeMap<String, f64>,
-}
-
-fn nan_if_null<'de, D: serde::Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
-    Ok(Option::<f64>::deserialize(d)?.unwrap_or(f64::NAN))
-}
-
-fn nan_pair_if_null<'de, D: serde::Deserializer<'de>>(d: D) -> Result<[f64; 2], D::Error> {
-    let pair = Option::<[Option<f64>; 2]>::deserialize(d)?.unwrap_or([None, None]);
-    Ok(pair.map(|v| v.unwrap_or(f64::NAN)))
-}
-
-fn nan_map_if_null<'de, D: serde::Deserializer<'de>>(
-    d: D,
-) -> Result<BTreeMap<String, f64>, D::Error> {
-    let map = BTreeMap::<String, Option<f64>>::deserialize(d)?;
-    Ok(map
-        .into_iter()
-        .map(|(k, v)| (k, v.unwrap_or(f64::NAN)))
-        .collect())
-}
-
-impl EvalReport {
-    pub fn read(path: &Path) -> Result<Self> {
-        let text =
-            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-        serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))
-    }
-}
-
 fn env_names(base: &ModelEval, adapter: &ModelEval) -> Vec<String> {
     let mut names: Vec<String> = base.envs.keys().cloned().collect();
     for k in adapter.envs.keys() {
@@ -186,152 +93,6 @@ fn env_names(base: &ModelEval, adapter: &ModelEval) -> Vec<String> {
     }
     names.sort();
     names
-}
-
-// ------------------------------------------------------------------------ training_log.csv
-
-/// `training_log.csv`, parsed by header name. Numeric cells that are empty, `nan` or
-/// otherwise not a finite number are NaN.
-#[derive(Debug, Clone, PartialEq)]
-pub struct TrainingLog {
-    /// Header, in file order.
-    pub header: Vec<String>,
-    /// The `step` column.
-    pub steps: Vec<f64>,
-    /// The `stage` column (empty strings when the log has none).
-    pub stages: Vec<String>,
-    /// The `env` column (empty strings when the log has none).
-    pub envs: Vec<String>,
-    numeric: BTreeMap<String, Vec<f64>>,
-}
-
-impl TrainingLog {
-    pub fn read(path: &Path) -> Result<Self> {
-        let text =
-            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-        Self::parse(&text).with_context(|| format!("parsing {}", path.display()))
-    }
-
-    /// Parse CSV text. Needs a `step` column with a number on every row.
-    pub fn parse(text: &str) -> Result<Self> {
-        let mut lines = text
-            .lines()
-            .enumerate()
-            .map(|(i, l)| (i + 1, l.trim_end_matches('\r')))
-            .filter(|(_, l)| !l.trim().is_empty());
-        let Some((_, head)) = lines.next() else {
-            bail!("empty file (no header)");
-        };
-        let header: Vec<String> = split_csv_line(head)
-            .into_iter()
-            .map(|h| h.trim().to_string())
-            .collect();
-        let col = |name: &str| header.iter().position(|h| h == name);
-        let step_col = col("step").context("no `step` column in the header")?;
-        let stage_col = col("stage");
-        let env_col = col("env");
-        let mut log = TrainingLog {
-            header: header.clone(),
-            steps: Vec::new(),
-            stages: Vec::new(),
-            envs: Vec::new(),
-            numeric: BTreeMap::new(),
-        };
-        let numeric_cols: Vec<(usize, &String)> = header
-            .iter()
-            .enumerate()
-            .filter(|(i, _)| Some(*i) != stage_col && Some(*i) != env_col && *i != step_col)
-            .collect();
-        for (_, name) in &numeric_cols {
-            log.numeric.insert((*name).clone(), Vec::new());
-        }
-        for (lineno, line) in lines {
-            let cells = split_csv_line(line);
-            if cells.len() != header.len() {
-                bail!(
-                    "line {lineno}: {} fields, the header has {}",
-                    cells.len(),
-                    header.len()
-                );
-            }
-            let step = cells[step_col].trim();
-            let step: f64 = step
-                .parse()
-                .ok()
-                .filter(|s: &f64| s.is_finite())
-                .with_context(|| format!("line {lineno}: step {step:?} is not a number"))?;
-            log.steps.push(step);
-            log.stages
-                .push(stage_col.map_or(String::new(), |c| cells[c].trim().to_string()));
-            log.envs
-                .push(env_col.map_or(String::new(), |c| cells[c].trim().to_string()));
-            for (i, name) in &numeric_cols {
-                if let Some(v) = log.numeric.get_mut(*name) {
-                    v.push(parse_cell(&cells[*i]));
-                }
-            }
-        }
-        Ok(log)
-    }
-
-    pub fn len(&self) -> usize {
-        self.steps.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.steps.is_empty()
-    }
-
-    /// A numeric column by header name (NaN for missing / non-finite cells).
-    pub fn column(&self, name: &str) -> Option<&[f64]> {
-        self.numeric.get(name).map(|v| v.as_slice())
-    }
-
-    /// Reward component names, in header order: the `<c>` of `rewards/<c>/mean`.
-    pub fn component_names(&self) -> Vec<String> {
-        self.header
-            .iter()
-            .filter_map(|h| h.strip_prefix("rewards/")?.strip_suffix("/mean"))
-            .map(str::to_string)
-            .collect()
-    }
-
-    /// Rows with `skipped` = 1 (no update was made at that step).
-    pub fn skipped(&self) -> Vec<bool> {
-        match self.column("skipped") {
-            Some(v) => v.iter().map(|x| *x != 0.0 && x.is_finite()).collect(),
-            None => vec![false; self.len()],
-        }
-    }
-}
-
-fn parse_cell(cell: &str) -> f64 {
-    cell.trim()
-        .parse::<f64>()
-        .ok()
-        .filter(|v| v.is_finite())
-        .unwrap_or(f64::NAN)
-}
-
-/// Split one CSV line; double-quoted fields may hold commas and `""` escapes.
-fn split_csv_line(line: &str) -> Vec<String> {
-    let mut out = Vec::new();
-    let mut cur = String::new();
-    let mut quoted = false;
-    let mut chars = line.chars().peekable();
-    while let Some(c) = chars.next() {
-        match c {
-            '"' if quoted && chars.peek() == Some(&'"') => {
-                cur.push('"');
-                chars.next();
-            }
-            '"' => quoted = !quoted,
-            ',' if !quoted => out.push(std::mem::take(&mut cur)),
-            _ => cur.push(c),
-        }
-    }
-    out.push(cur);
-    out
 }
 
 /// Trailing rolling mean: element `i` is the mean of the finite values among
@@ -1037,89 +798,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn csv_by_header_name_with_nan_and_empty() {
-        let text = "stage,step,env,reward,rewards/format/mean,rewards/format/std,kl,skipped\n\
-                    main,1,tm,0.5,1,0,,0\r\n\
-                    main,2,tm,nan,0.5,0.1,0.01,1\n\
-                    \n\
-                    dumb,3,tm,-1.25,,,inf,0\n";
-        let log = TrainingLog::parse(text).unwrap();
-        assert_eq!(log.len(), 3);
-        assert_eq!(log.steps, vec![1.0, 2.0, 3.0]);
-        assert_eq!(log.stages, vec!["main", "main", "dumb"]);
-        assert_eq!(log.envs, vec!["tm", "tm", "tm"]);
-        let r = log.column("reward").unwrap();
-        assert_eq!(r[0], 0.5);
-        assert!(r[1].is_nan());
-        assert_eq!(r[2], -1.25);
-        let kl = log.column("kl").unwrap();
-        assert!(kl[0].is_nan() && kl[2].is_nan());
-        assert_eq!(kl[1], 0.01);
-        let f = log.column("rewards/format/mean").unwrap();
-        assert_eq!(f[..2], [1.0, 0.5]);
-        assert!(f[2].is_nan());
-        assert_eq!(log.component_names(), vec!["format"]);
-        assert_eq!(log.skipped(), vec![false, true, false]);
-        assert!(log.column("stage").is_none());
-        assert!(log.column("nope").is_none());
-    }
-
-    #[test]
-    fn eval_report_reads_undefined_values_back_as_nan() {
-        // what `concord eval` writes for an environment with no scored seats
-        let env = EnvEval {
-            episodes: 0,
-            seats: 0,
-            reward_mean: f64::NAN,
-            reward_ci95: [f64::NAN, f64::NAN],
-            win_rate: f64::NAN,
-            win_ci95: [0.0, 1.0],
-            components: BTreeMap::from([("win".to_string(), f64::NAN)]),
-        };
-        let report = EvalReport {
-            config: "c.toml".into(),
-            episodes: 0,
-            greedy: true,
-            first_seed: 1,
-            models: BTreeMap::from([(
-                "base".to_string(),
-                ModelEval {
-                    adapter: None,
-                    envs: BTreeMap::from([("ticketmelt".to_string(), env)]),
-                },
-            )]),
-        };
-        let text = serde_json::to_string(&report).unwrap();
-        assert!(text.contains("\"reward_mean\":null"), "{text}");
-        let back: EvalReport = serde_json::from_str(&text).unwrap();
-        let e = &back.models["base"].envs["ticketmelt"];
-        assert!(e.reward_mean.is_nan() && e.win_rate.is_nan());
-        assert!(e.reward_ci95.iter().all(|x| x.is_nan()));
-        assert_eq!(e.win_ci95, [0.0, 1.0]);
-        assert!(e.components["win"].is_nan());
-    }
-
-    #[test]
-    fn csv_errors_are_clear() {
-        let e = TrainingLog::parse("").unwrap_err();
-        assert!(format!("{e:#}").contains("empty"));
-        let e = TrainingLog::parse("reward\n1\n").unwrap_err();
-        assert!(format!("{e:#}").contains("`step`"));
-        let e = TrainingLog::parse("step,reward\n1,2\nx,3\n").unwrap_err();
-        assert!(format!("{e:#}").contains("line 3"), "{e:#}");
-        let e = TrainingLog::parse("step,reward\n1,2,3\n").unwrap_err();
-        assert!(format!("{e:#}").contains("line 2: 3 fields"), "{e:#}");
-    }
-
-    #[test]
-    fn csv_quoted_fields() {
-        assert_eq!(
-            split_csv_line(r#"1,"a,b","say ""hi""",,x"#),
-            vec!["1", "a,b", r#"say "hi""#, "", "x"]
-        );
-    }
-
-    #[test]
     fn rolling_mean_by_hand() {
         let v = [1.0, 2.0, 3.0, 4.0, 5.0];
         assert_eq!(rolling_mean(&v, 1), v.to_vec());
@@ -1182,20 +860,6 @@ mod tests {
         assert_eq!(fmt_tick(12345.6), "12346");
         assert_eq!(fmt_step(5.0), "5");
         assert_eq!(fmt_step(5.5), "");
-    }
-
-    #[test]
-    fn eval_report_round_trips() {
-        let json = r#"{"config":"configs/x.toml","episodes":64,"greedy":false,"first_seed":9223372036854775808,
-          "models":{"base":{"adapter":null,"envs":{"ticketmelt":{"episodes":64,"seats":64,"reward_mean":0.41,"reward_ci95":[0.37,0.45],"win_rate":0.35,"win_ci95":[0.29,0.42],"components":{"r1_own":0.8,"r2_team":0.3}}}}}}"#;
-        let r: EvalReport = serde_json::from_str(json).unwrap();
-        assert_eq!(r.first_seed, 1u64 << 63);
-        assert!(r.models["base"].adapter.is_none());
-        let e = &r.models["base"].envs["ticketmelt"];
-        assert_eq!(e.win_ci95, [0.29, 0.42]);
-        assert_eq!(e.components["r2_team"], 0.3);
-        let back: EvalReport = serde_json::from_str(&serde_json::to_string(&r).unwrap()).unwrap();
-        assert_eq!(back, r);
     }
 
     #[test]

@@ -5,13 +5,14 @@ use candle_core::{DType, Device, Tensor};
 use concord::config::{Config, EnvConfig, LossType, Schedule};
 use concord::envs::Reward;
 use concord::grpo::loss::{grpo_loss, LossInputs, LossParams, LossScale};
-use concord::grpo::rollout::{pack, Rollout};
-use concord::grpo::trainer::{
-    completion_logprobs, IdRenderer, Renderer, Task, TaskPrompt, Trainer, TIMING_COLUMNS,
-};
+use concord::grpo::pack::{pack, Rollout};
+use concord::grpo::trainer::Trainer;
+use concord::grpo::update::completion_logprobs;
 use concord::model::lora::LoraConfig;
 use concord::model::qwen2::{random_weights, Mode, Qwen2, Qwen2Config};
+use concord::run::log::TIMING_COLUMNS;
 use concord::sample::Completion;
+use concord::task::{IdRenderer, Renderer, Task, TaskPrompt};
 use std::collections::BTreeMap;
 use std::path::Path;
 
@@ -111,7 +112,7 @@ fn trainer(cfg: Config, dropout: f64, resume: bool) -> Trainer {
         resume,
     )
     .unwrap();
-    t.hooks.quiet = true;
+    t.quiet = true;
     t
 }
 
@@ -271,8 +272,14 @@ fn lora_gradient_matches_finite_differences() {
 
 fn run_learn(dir: &Path, name: &str, flip: bool, steps: usize) -> Vec<f64> {
     let mut t = trainer(config(dir, name, steps), 0.0, false);
-    t.hooks.flip_advantages = flip;
-    t.train().unwrap();
+    // The control run: every advantage negated before the update.
+    let sign = if flip { -1.0 } else { 1.0 };
+    t.train_with(None, |b| {
+        for r in &mut b.rollouts {
+            r.advantage *= sign;
+        }
+    })
+    .unwrap();
     let (h, rows) = read_csv(&dir.join(name).join("training_log.csv"));
     assert_eq!(rows.len(), steps);
     column(&h, &rows, "reward")
@@ -315,10 +322,10 @@ fn learnability_and_flipped_control() {
 fn nan_loss_skips_the_update() {
     let dir = tempfile::tempdir().unwrap();
     let mut t = trainer(config(dir.path(), "nan", 3), 0.0, false);
-    t.hooks.poison_steps = vec![1];
     t.step().unwrap();
     let after1 = lora_snapshot(&t.model);
-    t.step().unwrap();
+    // A non-finite advantage makes the loss non-finite: the update must be skipped.
+    t.step_with(|b| b.rollouts[0].advantage = f64::NAN).unwrap();
     assert_eq!(
         lora_snapshot(&t.model),
         after1,
@@ -344,8 +351,7 @@ fn resume_writes_the_same_rows() {
     let mut part = full.clone();
     part.run.name = "part".into();
     let mut b = trainer(part.clone(), 0.1, false);
-    b.hooks.stop_after = Some(4); // checkpoint at 3, then one more step (lost)
-    b.train().unwrap();
+    b.train_with(Some(4), |_| {}).unwrap(); // checkpoint at 3, then one more step (lost)
     drop(b);
     let mut c = trainer(part, 0.1, true);
     assert_eq!(c.state.step, 3);
@@ -374,13 +380,13 @@ fn resume_writes_the_same_rows() {
 #[ignore = "benchmark (minutes on CPU)"]
 fn bench_train_random_05b() {
     let model = std::env::var("CONCORD_BENCH_MODEL").unwrap_or_else(|_| "random:0.5b".into());
-    concord::grpo::trainer::bench_train(concord::grpo::trainer::BenchTrainArgs {
+    concord::grpo::bench::bench_train(&concord::grpo::bench::BenchTrainOptions {
         model,
         batch: 8,
         seq: 160,
         iters: 1,
-        dtype: "f32".into(),
-        device: "cpu".into(),
+        dtype: DType::F32,
+        device: Device::Cpu,
         r: 16,
         json: true,
     })
@@ -396,7 +402,7 @@ fn quickstart_config_trains() {
     let dir = tempfile::tempdir().unwrap();
     let cfg = Path::new(env!("CARGO_MANIFEST_DIR")).join("configs/quickstart.toml");
     let t0 = std::time::Instant::now();
-    concord::grpo::trainer::run_train(concord::grpo::trainer::TrainArgs {
+    concord::grpo::trainer::run_train(concord::grpo::trainer::TrainOptions {
         config: Some(cfg),
         sets: vec![
             format!("run.output_dir={}", dir.path().display()),
@@ -421,7 +427,8 @@ fn quickstart_config_trains() {
 }
 
 fn staged_trainer(cfg: Config, resume: bool) -> Trainer {
-    use concord::curriculum::{Promotion, Stage, StageLength};
+    use concord::config::stage::{Promotion, StageLength};
+    use concord::curriculum::Stage;
     let mut short = cfg.clone();
     short.grpo.max_completion_length = 3;
     let stages = vec![
@@ -467,7 +474,7 @@ fn staged_trainer(cfg: Config, resume: bool) -> Trainer {
         resume,
     )
     .unwrap();
-    t.hooks.quiet = true;
+    t.quiet = true;
     t
 }
 
@@ -499,8 +506,7 @@ fn curriculum_stages_switch_where_the_rules_say() {
     let mut part = cfg;
     part.run.name = "staged-part".into();
     let mut b = staged_trainer(part.clone(), false);
-    b.hooks.stop_after = Some(5);
-    b.train().unwrap();
+    b.train_with(Some(5), |_| {}).unwrap();
     drop(b);
     let mut c = staged_trainer(part, true);
     assert_eq!((c.state.step, c.state.stage), (4, 1));
@@ -557,7 +563,7 @@ temperature = 0.7
     );
     let cfg_path = dir.path().join("cur.toml");
     std::fs::write(&cfg_path, toml).unwrap();
-    concord::grpo::trainer::run_train(concord::grpo::trainer::TrainArgs {
+    concord::grpo::trainer::run_train(concord::grpo::trainer::TrainOptions {
         config: Some(cfg_path),
         sets: vec![],
         resume: None,

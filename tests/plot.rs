@@ -1,8 +1,7 @@
 //! `concord plot`: PNGs from a synthetic run directory (no model needed).
-use concord::plot::{
-    before_after_height, plot_run, EnvEval, EvalReport, ModelEval, TrainingLog, PLOT_HEIGHT,
-    PLOT_WIDTH,
-};
+use concord::plot::{before_after_height, plot_run, PLOT_HEIGHT, PLOT_WIDTH};
+use concord::run::eval_report::{EnvEval, EvalReport, ModelEval};
+use concord::run::log::TrainingLog;
 use std::collections::BTreeMap;
 use std::path::Path;
 

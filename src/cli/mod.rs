@@ -1,6 +1,10 @@
 //! The `concord` command line. Thin: every clap type lives here, one file per command,
 //! and each command calls one library entry function. No library module knows clap.
 mod bench;
+mod eval;
+mod export;
+mod plot;
+mod train;
 
 pub use bench::{BenchArgs, BenchCommand};
 use clap::{Parser, Subcommand};
@@ -27,15 +31,15 @@ pub enum Command {
     /// Sample completions for chat prompts (G per prompt; `--prompts FILE.jsonl` batches).
     Generate(crate::sample::GenerateArgs),
     /// GRPO training: `concord train --config F [--set k=v]... [--resume DIR]`.
-    Train(crate::grpo::trainer::TrainArgs),
+    Train(train::TrainArgs),
     /// Play held-out episodes: reward components, win rates, 95% CIs (`--compare`: base vs adapter).
-    Eval(crate::eval::EvalArgs),
+    Eval(eval::EvalArgs),
     /// Benchmarks (`bench sample`, `bench train`).
     Bench(bench::BenchArgs),
     /// Draw reward_curve.png, components.png (and before_after.png after `eval --compare`) for a run directory.
-    Plot(crate::plot::PlotArgs),
+    Plot(plot::PlotArgs),
     /// Upload a run's adapter, logs, plots and a model card to the Hugging Face Hub.
-    Export(crate::hub::ExportArgs),
+    Export(export::ExportArgs),
 }
 
 pub fn main() -> i32 {
@@ -55,10 +59,10 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Model(args) => crate::model::cli::run_model(args),
         Command::Score(args) => crate::model::cli::run_score(args),
         Command::Generate(args) => crate::sample::run_generate(args),
-        Command::Train(args) => crate::grpo::trainer::run_train(args),
-        Command::Eval(args) => crate::eval::run_eval(args),
+        Command::Train(args) => train::run(args),
+        Command::Eval(args) => eval::run(args),
         Command::Bench(args) => bench::run(args),
-        Command::Plot(args) => crate::plot::run_plot(args),
-        Command::Export(args) => crate::hub::run_export(args),
+        Command::Plot(args) => plot::run(args),
+        Command::Export(args) => export::run(args),
     }
 }

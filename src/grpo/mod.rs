@@ -1,7 +1,13 @@
-//! Group Relative Policy Optimisation: advantages, the clipped surrogate loss, the
-//! optimiser and the training loop.
+//! Group Relative Policy Optimisation. The pure numerics ([`advantage`], [`loss`],
+//! [`optim`], [`pack`]) and the loop built from them: [`batch`] collects a step's
+//! scored completions, [`update`] turns them into one AdamW step, [`metrics`] makes the
+//! log row, and [`trainer`] runs steps, checkpoints and the curriculum.
 pub mod advantage;
+pub mod batch;
+pub mod bench;
 pub mod loss;
+pub mod metrics;
 pub mod optim;
-pub mod rollout;
+pub mod pack;
 pub mod trainer;
+pub mod update;

@@ -2,11 +2,13 @@
 //! validation and `--set section.key=value` overrides.
 //!
 //! Sections: `[run]`, `[model]`, `[lora]`, `[grpo]`, `[optim]`, `[env]` (+ the free
-//! table `[env.options]`, validated by the environment itself) and, reserved for
-//! curricula (issue 8), `[[stage]]` tables, which are kept verbatim here.
+//! table `[env.options]`, validated by the environment itself) and `[[stage]]` curriculum
+//! tables ([`stage`]).
 //!
 //! Defaults follow TRL's `GRPOConfig` / transformers' `TrainingArguments` (see
 //! `shared/design/grpo.md`) so that a user moving from Python finds the same numbers.
+pub mod stage;
+
 use anyhow::{anyhow, bail, Context, Result};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -30,9 +32,9 @@ pub struct Config {
     /// its environments per stage.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub env: Option<EnvConfig>,
-    /// Curriculum stages (`[[stage]]`, see [`crate::curriculum`]).
+    /// Curriculum stages (`[[stage]]`, see [`stage`]).
     #[serde(default, rename = "stage", skip_serializing_if = "Vec::is_empty")]
-    pub stages: Vec<crate::curriculum::StageSpec>,
+    pub stages: Vec<stage::StageSpec>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -159,15 +161,7 @@ pub fn parse_device(s: &str) -> Result<candle_core::Device> {
     }
 }
 
-pub const LORA_TARGETS: [&str; 7] = [
-    "q_proj",
-    "k_proj",
-    "v_proj",
-    "o_proj",
-    "gate_proj",
-    "up_proj",
-    "down_proj",
-];
+pub use crate::model::lora::LORA_TARGETS;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -387,7 +381,7 @@ impl Config {
                 (None, false) => anyhow!("{origin}: {}", e.message),
             }
         })?;
-        crate::curriculum::check(&cfg).map_err(|e| {
+        stage::check(&cfg).map_err(|e| {
             let line = cfg
                 .stages
                 .iter()
@@ -599,6 +593,18 @@ impl Config {
     }
 
     /// `<output_dir>/<name>`.
+    /// The LoRA adapter this config asks for (the run seed initialises A).
+    pub fn lora_config(&self) -> crate::model::LoraConfig {
+        crate::model::LoraConfig {
+            r: self.lora.r,
+            alpha: self.lora.alpha,
+            dropout: self.lora.dropout,
+            target_modules: self.lora.targets.clone(),
+            use_rslora: self.lora.use_rslora,
+            init_seed: self.run.seed,
+        }
+    }
+
     pub fn run_dir(&self) -> PathBuf {
         self.run.output_dir.join(&self.run.name)
     }

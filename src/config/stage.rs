@@ -1,0 +1,281 @@
+//! The curriculum schema: `[[stage]]` tables, their validation, and how a stage's
+//! overrides resolve against the top-level config. The runtime side (building each
+//! stage's task) is [`crate::curriculum`].
+use super::{Config, EnvConfig};
+use crate::envs::{self, Options};
+use anyhow::{anyhow, bail, Context, Result};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// One `[[stage]]` table.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StageSpec {
+    /// Written to the `stage` column of training_log.csv.
+    pub name: String,
+    /// Fixed length in steps.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub steps: Option<usize>,
+    /// Cap on a promotion-ruled stage.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_steps: Option<usize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub promote_when: Option<Promotion>,
+    /// Environment name -> mixture weight (default: the top-level `[env]`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub envs: BTreeMap<String, f64>,
+    /// Per-environment options (default: `[env.options]` for the `[env]` environment).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub options: BTreeMap<String, Options>,
+    /// Overrides of `[grpo]` keys for this stage.
+    #[serde(default, skip_serializing_if = "toml::Table::is_empty")]
+    pub grpo: toml::Table,
+    /// Overrides of `[optim]` keys for this stage.
+    #[serde(default, skip_serializing_if = "toml::Table::is_empty")]
+    pub optim: toml::Table,
+}
+
+/// `promote_when = { mean_reward = 0.6, window = 20 }`.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Promotion {
+    pub mean_reward: f64,
+    pub window: usize,
+}
+
+/// Keys that shape the whole run (the LR schedule's length, the update count) and so
+/// cannot change from one stage to the next.
+const GLOBAL_KEYS: &[(&str, &str)] = &[
+    ("grpo", "num_iterations"),
+    ("optim", "schedule"),
+    ("optim", "warmup_steps"),
+];
+
+/// How long a stage lasts.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum StageLength {
+    Steps(usize),
+    Promote {
+        rule: Promotion,
+        max_steps: Option<usize>,
+    },
+    /// Until `run.steps` (the last stage only).
+    Open,
+}
+
+impl StageLength {
+    /// The most steps the stage can take (None: unbounded).
+    pub fn max(&self) -> Option<usize> {
+        match *self {
+            StageLength::Steps(n) => Some(n),
+            StageLength::Promote { max_steps, .. } => max_steps,
+            StageLength::Open => None,
+        }
+    }
+
+    /// Whether a stage that has run `rewards.len()` steps with these mean rewards is
+    /// over, and why.
+    pub fn finished(&self, rewards: &[f64]) -> Option<String> {
+        let n = rewards.len();
+        match *self {
+            StageLength::Steps(s) => (n >= s).then(|| format!("{s} steps done")),
+            StageLength::Promote { rule, max_steps } => {
+                if n >= rule.window.max(1) {
+                    let w = &rewards[n - rule.window.max(1)..];
+                    let mean = w.iter().sum::<f64>() / w.len() as f64;
+                    if mean >= rule.mean_reward {
+                        return Some(format!(
+                            "mean reward {mean:.3} over the last {} steps >= {}",
+                            w.len(),
+                            rule.mean_reward
+                        ));
+                    }
+                }
+                match max_steps {
+                    Some(m) if n >= m => Some(format!("max_steps = {m} reached")),
+                    _ => None,
+                }
+            }
+            StageLength::Open => None,
+        }
+    }
+}
+
+/// Validate `cfg.stages` without building anything (part of config validation).
+pub fn check(cfg: &Config) -> Result<()> {
+    let n = cfg.stages.len();
+    for (i, s) in cfg.stages.iter().enumerate() {
+        let ctx = || format!("[[stage]] #{} `{}`", i + 1, s.name);
+        if s.name.trim().is_empty() || s.name.contains([',', '\n', '"']) {
+            bail!(
+                "[[stage]] #{}: name `{}` must be non-empty, without commas or quotes",
+                i + 1,
+                s.name
+            );
+        }
+        if cfg.stages[..i].iter().any(|o| o.name == s.name) {
+            bail!("{}: duplicate stage name", ctx());
+        }
+        length_of(s, i + 1 == n).with_context(ctx)?;
+        let env_list = stage_envs(cfg, s).with_context(ctx)?;
+        for (name, _, opts) in &env_list {
+            envs::create(name, opts).with_context(ctx)?;
+        }
+        for key in s.options.keys() {
+            if !env_list.iter().any(|(e, _, _)| e == key) {
+                bail!(
+                    "{}: options for `{key}`, which is not in the stage's envs",
+                    ctx()
+                );
+            }
+        }
+        resolve_config(cfg, s).with_context(ctx)?;
+    }
+    Ok(())
+}
+
+pub fn length_of(s: &StageSpec, last: bool) -> Result<StageLength> {
+    match (s.steps, s.promote_when, s.max_steps) {
+        (Some(_), Some(_), _) => bail!("give either `steps` or `promote_when`, not both"),
+        (Some(_), None, Some(_)) => bail!("`max_steps` goes with `promote_when`; use `steps`"),
+        (Some(0), None, None) => bail!("steps must be >= 1"),
+        (Some(n), None, None) => Ok(StageLength::Steps(n)),
+        (None, Some(rule), max_steps) => {
+            if rule.window == 0 {
+                bail!("promote_when.window must be >= 1");
+            }
+            if !rule.mean_reward.is_finite() {
+                bail!("promote_when.mean_reward must be a finite number");
+            }
+            if max_steps == Some(0) {
+                bail!("max_steps must be >= 1");
+            }
+            Ok(StageLength::Promote { rule, max_steps })
+        }
+        (None, None, Some(_)) => bail!("`max_steps` needs `promote_when`"),
+        (None, None, None) if last => Ok(StageLength::Open),
+        (None, None, None) => {
+            bail!("needs `steps` or `promote_when` (only the last stage may be open-ended)")
+        }
+    }
+}
+
+/// The stage's environments and normalised weights.
+fn mixture(cfg: &Config, s: &StageSpec) -> Result<Vec<(String, f64)>> {
+    let raw: Vec<(String, f64)> = if s.envs.is_empty() {
+        let env = cfg
+            .env
+            .as_ref()
+            .ok_or_else(|| anyhow!("no `envs` and no top-level [env] to default to"))?;
+        vec![(env.name.clone(), 1.0)]
+    } else {
+        s.envs.iter().map(|(k, v)| (k.clone(), *v)).collect()
+    };
+    for (name, w) in &raw {
+        if !(w.is_finite() && *w >= 0.0) {
+            bail!("envs.{name} = {w}: weights must be finite and >= 0");
+        }
+    }
+    let total: f64 = raw.iter().map(|(_, w)| w).sum();
+    if total <= 0.0 {
+        bail!("envs weights sum to 0");
+    }
+    Ok(raw
+        .into_iter()
+        .filter(|(_, w)| *w > 0.0)
+        .map(|(n, w)| (n, w / total))
+        .collect())
+}
+
+/// A stage's environments: name, normalised weight and options.
+pub fn stage_envs(cfg: &Config, s: &StageSpec) -> Result<Vec<(String, f64, Options)>> {
+    Ok(mixture(cfg, s)?
+        .into_iter()
+        .map(|(name, w)| {
+            let opts = options_for(cfg, s, &name);
+            (name, w, opts)
+        })
+        .collect())
+}
+
+fn options_for(cfg: &Config, s: &StageSpec, env: &str) -> Options {
+    if let Some(o) = s.options.get(env) {
+        return o.clone();
+    }
+    match &cfg.env {
+        Some(EnvConfig { name, options }) if name == env => options.clone(),
+        _ => Options::new(),
+    }
+}
+
+/// The top-level config with the stage's `[stage.grpo]` / `[stage.optim]` overrides.
+pub fn resolve_config(cfg: &Config, s: &StageSpec) -> Result<Config> {
+    let mut out = cfg.clone();
+    for (section, table) in [("grpo", &s.grpo), ("optim", &s.optim)] {
+        for key in table.keys() {
+            if GLOBAL_KEYS.contains(&(section, key.as_str())) {
+                bail!("{section}.{key} applies to the whole run: set it in [{section}], not per stage");
+            }
+        }
+    }
+    out.grpo = merge(&cfg.grpo, &s.grpo, "grpo")?;
+    out.optim = merge(&cfg.optim, &s.optim, "optim")?;
+    out.stages.clear();
+    if out.env.is_none() {
+        // Validation wants an environment; the stage's mixture is checked separately.
+        out.env = Some(EnvConfig {
+            name: s
+                .envs
+                .keys()
+                .next()
+                .cloned()
+                .unwrap_or_else(|| "stage".into()),
+            options: Options::new(),
+        });
+    }
+    out.revalidate()?;
+    Ok(out)
+}
+
+fn merge<T: Serialize + for<'de> Deserialize<'de>>(
+    base: &T,
+    overrides: &toml::Table,
+    section: &str,
+) -> Result<T> {
+    if overrides.is_empty() {
+        return T::deserialize(toml::Value::try_from(base)?).map_err(|e| anyhow!("{e}"));
+    }
+    let mut table = match toml::Value::try_from(base)? {
+        toml::Value::Table(t) => t,
+        _ => bail!("[{section}] is not a table"),
+    };
+    for (k, v) in overrides {
+        table.insert(k.clone(), v.clone());
+    }
+    T::deserialize(toml::Value::Table(table))
+        .map_err(|e| anyhow!("[stage.{section}]: {}", e.message().trim()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn promotion_rule_waits_for_a_full_window() {
+        let l = StageLength::Promote {
+            rule: Promotion {
+                mean_reward: 0.5,
+                window: 3,
+            },
+            max_steps: Some(10),
+        };
+        assert!(l.finished(&[1.0, 1.0]).is_none());
+        assert!(l.finished(&[0.0, 0.0, 1.0]).is_none()); // mean 1/3
+        assert!(l.finished(&[0.0, 0.0, 1.0, 1.0]).is_some()); // last three: 2/3
+        assert!(l.finished(&[0.0; 9]).is_none());
+        assert!(l.finished(&[0.0; 10]).unwrap().contains("max_steps"));
+        assert_eq!(StageLength::Steps(2).finished(&[0.0]), None);
+        assert!(StageLength::Steps(2).finished(&[0.0, 0.0]).is_some());
+        assert!(StageLength::Open.finished(&[1.0; 100]).is_none());
+    }
+}

@@ -1,0 +1,79 @@
+//! Log: the metrics row of one step (TRL's names) and the logged samples.
+use super::advantage::{component_stats, mean};
+use super::batch::Batch;
+use super::update::UpdateStats;
+use crate::run::log::StepRow;
+use crate::task::Task;
+use std::collections::BTreeMap;
+
+/// The row's batch and update columns. The caller fills in the step, stage, env and
+/// the run's running totals (`num_tokens`, `seconds`) and timings.
+pub fn row(batch: &Batch, upd: &UpdateStats) -> StepRow {
+    let rollouts = &batch.rollouts;
+    let lens: Vec<f64> = rollouts
+        .iter()
+        .map(|r| r.completion_ids.len() as f64)
+        .collect();
+    let comps: Vec<&BTreeMap<String, f64>> =
+        rollouts.iter().map(|r| &r.reward.components).collect();
+    let s = &upd.loss;
+    StepRow {
+        reward: batch.advantages.reward_mean,
+        reward_std: batch.advantages.reward_std,
+        frac_reward_zero_std: batch.advantages.frac_reward_zero_std,
+        components: component_stats(&comps),
+        mean_length: mean(&lens),
+        min_length: lens.iter().cloned().fold(f64::INFINITY, f64::min),
+        max_length: lens.iter().cloned().fold(0.0, f64::max),
+        clipped_ratio: rollouts.iter().filter(|r| r.truncated).count() as f64
+            / rollouts.len().max(1) as f64,
+        kl: s.kl(),
+        entropy: s.entropy(),
+        clip_low: s.clip_low(),
+        clip_high: s.clip_high(),
+        clip_region: s.clip_region(),
+        loss: s.loss,
+        grad_norm: upd.grad_norm,
+        learning_rate: upd.learning_rate,
+        skipped: if upd.skipped { 1.0 } else { 0.0 },
+        gen_tokens_per_s: batch.gen_tokens() as f64 / batch.gen_secs.max(1e-9),
+        train_tokens_per_s: upd.trained_tokens as f64 / upd.secs.max(1e-9),
+        ..StepRow::default()
+    }
+}
+
+/// Up to `n` completions of the step, spread over its groups, as `samples.jsonl` lines.
+pub fn samples(
+    batch: &Batch,
+    task: &dyn Task,
+    step: usize,
+    stage: &str,
+    n: usize,
+) -> Vec<serde_json::Value> {
+    let rollouts = &batch.rollouts;
+    let n = n.min(rollouts.len());
+    if n == 0 {
+        return Vec::new();
+    }
+    let stride = (rollouts.len() / n).max(1);
+    rollouts
+        .iter()
+        .step_by(stride)
+        .take(n)
+        .map(|r| {
+            let prompt = &batch.prompts[r.group];
+            serde_json::json!({
+                "step": step,
+                "stage": stage,
+                "env": task.env_of(prompt),
+                "prompt": prompt.text,
+                "completion": r.text,
+                "reward": r.scalar,
+                "components": r.reward.components,
+                "advantage": r.advantage,
+                "tokens": r.completion_ids.len(),
+                "truncated": r.truncated,
+            })
+        })
+        .collect()
+}

@@ -1,0 +1,135 @@
+//! `eval.json`: what `concord eval` measured, read back by `plot` and `hub`.
+use anyhow::{Context, Result};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::path::Path;
+
+/// The file name inside a run directory.
+pub const EVAL_JSON: &str = "eval.json";
+
+/// `eval.json`, written by `concord eval`.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct EvalReport {
+    /// The config file the evaluation used.
+    pub config: String,
+    /// Episodes per environment.
+    pub episodes: usize,
+    pub greedy: bool,
+    pub first_seed: u64,
+    /// By model: `base` (no adapter) and/or `adapter`.
+    pub models: BTreeMap<String, ModelEval>,
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct ModelEval {
+    /// The adapter's directory; `None` for the base model.
+    pub adapter: Option<String>,
+    /// By environment name.
+    pub envs: BTreeMap<String, EnvEval>,
+}
+
+/// One model on one environment. Undefined values (no scored seats) are NaN, which
+/// JSON writes as `null`; reading turns `null` back into NaN.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct EnvEval {
+    pub episodes: usize,
+    /// Scored seats (episodes x trained seats per episode).
+    pub seats: usize,
+    #[serde(deserialize_with = "nan_if_null")]
+    pub reward_mean: f64,
+    #[serde(deserialize_with = "nan_pair_if_null")]
+    pub reward_ci95: [f64; 2],
+    #[serde(deserialize_with = "nan_if_null")]
+    pub win_rate: f64,
+    #[serde(deserialize_with = "nan_pair_if_null")]
+    pub win_ci95: [f64; 2],
+    /// Mean of each reward component.
+    #[serde(deserialize_with = "nan_map_if_null")]
+    pub components: BTreeMap<String, f64>,
+}
+
+fn nan_if_null<'de, D: serde::Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+    Ok(Option::<f64>::deserialize(d)?.unwrap_or(f64::NAN))
+}
+
+fn nan_pair_if_null<'de, D: serde::Deserializer<'de>>(d: D) -> Result<[f64; 2], D::Error> {
+    let pair = Option::<[Option<f64>; 2]>::deserialize(d)?.unwrap_or([None, None]);
+    Ok(pair.map(|v| v.unwrap_or(f64::NAN)))
+}
+
+fn nan_map_if_null<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<BTreeMap<String, f64>, D::Error> {
+    let map = BTreeMap::<String, Option<f64>>::deserialize(d)?;
+    Ok(map
+        .into_iter()
+        .map(|(k, v)| (k, v.unwrap_or(f64::NAN)))
+        .collect())
+}
+
+impl EvalReport {
+    pub fn read(path: &Path) -> Result<Self> {
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))
+    }
+
+    /// Write `path` atomically (pretty JSON; NaN becomes `null`).
+    pub fn write(&self, path: &Path) -> Result<()> {
+        crate::atomic::atomic_write_bytes(path, &serde_json::to_vec_pretty(self)?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn eval_report_reads_undefined_values_back_as_nan() {
+        // what `concord eval` writes for an environment with no scored seats
+        let env = EnvEval {
+            episodes: 0,
+            seats: 0,
+            reward_mean: f64::NAN,
+            reward_ci95: [f64::NAN, f64::NAN],
+            win_rate: f64::NAN,
+            win_ci95: [0.0, 1.0],
+            components: BTreeMap::from([("win".to_string(), f64::NAN)]),
+        };
+        let report = EvalReport {
+            config: "c.toml".into(),
+            episodes: 0,
+            greedy: true,
+            first_seed: 1,
+            models: BTreeMap::from([(
+                "base".to_string(),
+                ModelEval {
+                    adapter: None,
+                    envs: BTreeMap::from([("ticketmelt".to_string(), env)]),
+                },
+            )]),
+        };
+        let text = serde_json::to_string(&report).unwrap();
+        assert!(text.contains("\"reward_mean\":null"), "{text}");
+        let back: EvalReport = serde_json::from_str(&text).unwrap();
+        let e = &back.models["base"].envs["ticketmelt"];
+        assert!(e.reward_mean.is_nan() && e.win_rate.is_nan());
+        assert!(e.reward_ci95.iter().all(|x| x.is_nan()));
+        assert_eq!(e.win_ci95, [0.0, 1.0]);
+        assert!(e.components["win"].is_nan());
+    }
+
+    #[test]
+    fn eval_report_round_trips() {
+        let json = r#"{"config":"configs/x.toml","episodes":64,"greedy":false,"first_seed":9223372036854775808,
+          "models":{"base":{"adapter":null,"envs":{"ticketmelt":{"episodes":64,"seats":64,"reward_mean":0.41,"reward_ci95":[0.37,0.45],"win_rate":0.35,"win_ci95":[0.29,0.42],"components":{"r1_own":0.8,"r2_team":0.3}}}}}}"#;
+        let r: EvalReport = serde_json::from_str(json).unwrap();
+        assert_eq!(r.first_seed, 1u64 << 63);
+        assert!(r.models["base"].adapter.is_none());
+        let e = &r.models["base"].envs["ticketmelt"];
+        assert_eq!(e.win_ci95, [0.29, 0.42]);
+        assert_eq!(e.components["r2_team"], 0.3);
+        let back: EvalReport = serde_json::from_str(&serde_json::to_string(&r).unwrap()).unwrap();
+        assert_eq!(back, r);
+    }
+}

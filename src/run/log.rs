@@ -1,0 +1,446 @@
+//! `training_log.csv` and `samples.jsonl`: the typed step row, its writer and the reader
+//! that `plot` and `hub` use. Each column's name sits beside the field it reads
+//! ([`HEAD_COLUMNS`], [`TAIL_COLUMNS`]), and the header is built from those lists, so
+//! nothing has to keep string keys in sync with a column list elsewhere.
+use anyhow::{bail, Context, Result};
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::Path;
+
+/// The training log a run directory always has.
+pub const TRAINING_LOG: &str = "training_log.csv";
+/// A few logged completions per step (`run.log_samples`).
+pub const SAMPLES: &str = "samples.jsonl";
+
+/// One row of training_log.csv (TRL's metric names where they apply).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct StepRow {
+    pub step: usize,
+    pub stage: String,
+    pub env: String,
+    pub reward: f64,
+    pub reward_std: f64,
+    pub frac_reward_zero_std: f64,
+    /// Reward component name -> (mean, std) over the step's completions.
+    pub components: BTreeMap<String, (f64, f64)>,
+    pub mean_length: f64,
+    pub min_length: f64,
+    pub max_length: f64,
+    pub clipped_ratio: f64,
+    pub kl: f64,
+    pub entropy: f64,
+    pub clip_low: f64,
+    pub clip_high: f64,
+    pub clip_region: f64,
+    pub loss: f64,
+    pub grad_norm: f64,
+    pub learning_rate: f64,
+    pub num_tokens: f64,
+    /// 1 when the update was skipped (non-finite loss or gradient).
+    pub skipped: f64,
+    pub gen_tokens_per_s: f64,
+    pub train_tokens_per_s: f64,
+    pub peak_mem_mb: f64,
+    pub step_time: f64,
+    /// Cumulative training wall time.
+    pub seconds: f64,
+}
+
+type Column = (&'static str, fn(&StepRow) -> f64);
+
+/// Numeric columns before the `rewards/<c>/{mean,std}` pairs.
+pub const HEAD_COLUMNS: &[Column] = &[
+    ("reward", |r| r.reward),
+    ("reward_std", |r| r.reward_std),
+    ("frac_reward_zero_std", |r| r.frac_reward_zero_std),
+];
+
+/// Numeric columns after the reward components.
+pub const TAIL_COLUMNS: &[Column] = &[
+    ("completions/mean_length", |r| r.mean_length),
+    ("completions/min_length", |r| r.min_length),
+    ("completions/max_length", |r| r.max_length),
+    ("completions/clipped_ratio", |r| r.clipped_ratio),
+    ("kl", |r| r.kl),
+    ("entropy", |r| r.entropy),
+    ("clip_ratio/low_mean", |r| r.clip_low),
+    ("clip_ratio/high_mean", |r| r.clip_high),
+    ("clip_ratio/region_mean", |r| r.clip_region),
+    ("loss", |r| r.loss),
+    ("grad_norm", |r| r.grad_norm),
+    ("learning_rate", |r| r.learning_rate),
+    ("num_tokens", |r| r.num_tokens),
+    ("skipped", |r| r.skipped),
+    ("gen_tokens_per_s", |r| r.gen_tokens_per_s),
+    ("train_tokens_per_s", |r| r.train_tokens_per_s),
+    ("peak_mem_mb", |r| r.peak_mem_mb),
+    ("step_time", |r| r.step_time),
+    ("seconds", |r| r.seconds),
+];
+
+/// Columns whose values depend on wall time (excluded when comparing runs).
+pub const TIMING_COLUMNS: &[&str] = &[
+    "gen_tokens_per_s",
+    "train_tokens_per_s",
+    "peak_mem_mb",
+    "step_time",
+    "seconds",
+];
+
+/// The header for a run whose reward components are `components` (sorted names).
+pub fn csv_header(components: &[String]) -> Vec<String> {
+    let mut h = vec!["step".to_string(), "stage".into(), "env".into()];
+    h.extend(HEAD_COLUMNS.iter().map(|(n, _)| n.to_string()));
+    for c in components {
+        h.push(format!("rewards/{c}/mean"));
+        h.push(format!("rewards/{c}/std"));
+    }
+    h.extend(TAIL_COLUMNS.iter().map(|(n, _)| n.to_string()));
+    h
+}
+
+fn fmt_f(x: f64) -> String {
+    if x.is_finite() {
+        format!("{x}")
+    } else {
+        "nan".into()
+    }
+}
+
+/// `row` as one CSV line in `header`'s column order (empty cells for unknown columns
+/// and components this step did not produce).
+pub fn csv_line(header: &[String], row: &StepRow) -> String {
+    let cell = |c: &str| -> String {
+        match c {
+            "step" => return row.step.to_string(),
+            "stage" => return row.stage.clone(),
+            "env" => return row.env.clone(),
+            _ => {}
+        }
+        if let Some(rest) = c.strip_prefix("rewards/") {
+            let (name, pick_std) = match (rest.strip_suffix("/mean"), rest.strip_suffix("/std")) {
+                (Some(n), _) => (n, false),
+                (_, Some(n)) => (n, true),
+                _ => return String::new(),
+            };
+            return row
+                .components
+                .get(name)
+                .map_or(String::new(), |v| fmt_f(if pick_std { v.1 } else { v.0 }));
+        }
+        HEAD_COLUMNS
+            .iter()
+            .chain(TAIL_COLUMNS)
+            .find(|(n, _)| *n == c)
+            .map_or(String::new(), |(_, get)| fmt_f(get(row)))
+    };
+    header.iter().map(|c| cell(c)).collect::<Vec<_>>().join(",")
+}
+
+/// Append `row` to `run_dir/training_log.csv`, writing `header` first into a new file.
+pub fn append_row(run_dir: &Path, header: &[String], row: &StepRow) -> Result<()> {
+    let path = run_dir.join(TRAINING_LOG);
+    let mut text = String::new();
+    if !path.exists() {
+        text.push_str(&header.join(","));
+        text.push('\n');
+    }
+    text.push_str(&csv_line(header, row));
+    text.push('\n');
+    append(&path, &text)
+}
+
+/// Append JSON lines to `run_dir/samples.jsonl`.
+pub fn append_samples(run_dir: &Path, samples: &[serde_json::Value]) -> Result<()> {
+    if samples.is_empty() {
+        return Ok(());
+    }
+    let mut text = String::new();
+    for v in samples {
+        text.push_str(&v.to_string());
+        text.push('\n');
+    }
+    append(&run_dir.join(SAMPLES), &text)
+}
+
+fn append(path: &Path, text: &str) -> Result<()> {
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .with_context(|| format!("opening {}", path.display()))?;
+    f.write_all(text.as_bytes())?;
+    f.flush()?;
+    Ok(())
+}
+
+/// Delete the logs of an earlier run in `run_dir` (a fresh run starts fresh logs).
+pub fn remove_logs(run_dir: &Path) -> Result<()> {
+    for f in [TRAINING_LOG, SAMPLES] {
+        let p = run_dir.join(f);
+        if p.exists() {
+            std::fs::remove_file(&p).with_context(|| format!("removing {}", p.display()))?;
+        }
+    }
+    Ok(())
+}
+
+/// Drop rows of training_log.csv / samples.jsonl written after `step` (by the run that
+/// was interrupted after its last checkpoint). Atomic rewrite.
+pub fn truncate_logs(run_dir: &Path, step: usize) -> Result<()> {
+    let csv = run_dir.join(TRAINING_LOG);
+    if csv.exists() {
+        let text = std::fs::read_to_string(&csv)?;
+        let mut out = String::new();
+        for (i, line) in text.lines().enumerate() {
+            let keep = i == 0
+                || line
+                    .split(',')
+                    .next()
+                    .and_then(|s| s.parse::<usize>().ok())
+                    .is_some_and(|s| s <= step);
+            if keep {
+                out.push_str(line);
+                out.push('\n');
+            }
+        }
+        crate::atomic::atomic_write_bytes(&csv, out.as_bytes())?;
+    }
+    let samples = run_dir.join(SAMPLES);
+    if samples.exists() {
+        let text = std::fs::read_to_string(&samples)?;
+        let mut out = String::new();
+        for line in text.lines() {
+            let s = serde_json::from_str::<serde_json::Value>(line)
+                .ok()
+                .and_then(|v| v.get("step").and_then(|s| s.as_u64()));
+            if s.is_some_and(|s| s as usize <= step) {
+                out.push_str(line);
+                out.push('\n');
+            }
+        }
+        crate::atomic::atomic_write_bytes(&samples, out.as_bytes())?;
+    }
+    Ok(())
+}
+
+/// `training_log.csv`, parsed by header name. Numeric cells that are empty, `nan` or
+/// otherwise not a finite number are NaN.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TrainingLog {
+    /// Header, in file order.
+    pub header: Vec<String>,
+    /// The `step` column.
+    pub steps: Vec<f64>,
+    /// The `stage` column (empty strings when the log has none).
+    pub stages: Vec<String>,
+    /// The `env` column (empty strings when the log has none).
+    pub envs: Vec<String>,
+    numeric: BTreeMap<String, Vec<f64>>,
+}
+
+impl TrainingLog {
+    pub fn read(path: &Path) -> Result<Self> {
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        Self::parse(&text).with_context(|| format!("parsing {}", path.display()))
+    }
+
+    /// Parse CSV text. Needs a `step` column with a number on every row.
+    pub fn parse(text: &str) -> Result<Self> {
+        let mut lines = text
+            .lines()
+            .enumerate()
+            .map(|(i, l)| (i + 1, l.trim_end_matches('\r')))
+            .filter(|(_, l)| !l.trim().is_empty());
+        let Some((_, head)) = lines.next() else {
+            bail!("empty file (no header)");
+        };
+        let header: Vec<String> = split_csv_line(head)
+            .into_iter()
+            .map(|h| h.trim().to_string())
+            .collect();
+        let col = |name: &str| header.iter().position(|h| h == name);
+        let step_col = col("step").context("no `step` column in the header")?;
+        let stage_col = col("stage");
+        let env_col = col("env");
+        let mut log = TrainingLog {
+            header: header.clone(),
+            steps: Vec::new(),
+            stages: Vec::new(),
+            envs: Vec::new(),
+            numeric: BTreeMap::new(),
+        };
+        let numeric_cols: Vec<(usize, &String)> = header
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| Some(*i) != stage_col && Some(*i) != env_col && *i != step_col)
+            .collect();
+        for (_, name) in &numeric_cols {
+            log.numeric.insert((*name).clone(), Vec::new());
+        }
+        for (lineno, line) in lines {
+            let cells = split_csv_line(line);
+            if cells.len() != header.len() {
+                bail!(
+                    "line {lineno}: {} fields, the header has {}",
+                    cells.len(),
+                    header.len()
+                );
+            }
+            let step = cells[step_col].trim();
+            let step: f64 = step
+                .parse()
+                .ok()
+                .filter(|s: &f64| s.is_finite())
+                .with_context(|| format!("line {lineno}: step {step:?} is not a number"))?;
+            log.steps.push(step);
+            log.stages
+                .push(stage_col.map_or(String::new(), |c| cells[c].trim().to_string()));
+            log.envs
+                .push(env_col.map_or(String::new(), |c| cells[c].trim().to_string()));
+            for (i, name) in &numeric_cols {
+                if let Some(v) = log.numeric.get_mut(*name) {
+                    v.push(parse_cell(&cells[*i]));
+                }
+            }
+        }
+        Ok(log)
+    }
+
+    pub fn len(&self) -> usize {
+        self.steps.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.steps.is_empty()
+    }
+
+    /// A numeric column by header name (NaN for missing / non-finite cells).
+    pub fn column(&self, name: &str) -> Option<&[f64]> {
+        self.numeric.get(name).map(|v| v.as_slice())
+    }
+
+    /// Reward component names, in header order: the `<c>` of `rewards/<c>/mean`.
+    pub fn component_names(&self) -> Vec<String> {
+        self.header
+            .iter()
+            .filter_map(|h| h.strip_prefix("rewards/")?.strip_suffix("/mean"))
+            .map(str::to_string)
+            .collect()
+    }
+
+    /// Rows with `skipped` = 1 (no update was made at that step).
+    pub fn skipped(&self) -> Vec<bool> {
+        match self.column("skipped") {
+            Some(v) => v.iter().map(|x| *x != 0.0 && x.is_finite()).collect(),
+            None => vec![false; self.len()],
+        }
+    }
+}
+
+fn parse_cell(cell: &str) -> f64 {
+    cell.trim()
+        .parse::<f64>()
+        .ok()
+        .filter(|v| v.is_finite())
+        .unwrap_or(f64::NAN)
+}
+
+/// Split one CSV line; double-quoted fields may hold commas and `""` escapes.
+fn split_csv_line(line: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut cur = String::new();
+    let mut quoted = false;
+    let mut chars = line.chars().peekable();
+    while let Some(c) = chars.next() {
+        match c {
+            '"' if quoted && chars.peek() == Some(&'"') => {
+                cur.push('"');
+                chars.next();
+            }
+            '"' => quoted = !quoted,
+            ',' if !quoted => out.push(std::mem::take(&mut cur)),
+            _ => cur.push(c),
+        }
+    }
+    out.push(cur);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn written_rows_read_back_by_name() {
+        let header = csv_header(&["win".to_string()]);
+        let row = StepRow {
+            step: 3,
+            stage: "main".into(),
+            env: "ticketmelt".into(),
+            reward: 0.5,
+            components: BTreeMap::from([("win".to_string(), (0.25, 0.5))]),
+            loss: f64::NAN,
+            seconds: 7.0,
+            ..StepRow::default()
+        };
+        let text = format!("{}\n{}\n", header.join(","), csv_line(&header, &row));
+        let log = TrainingLog::parse(&text).unwrap();
+        assert_eq!(log.steps, vec![3.0]);
+        assert_eq!(log.stages, vec!["main".to_string()]);
+        assert_eq!(log.column("reward"), Some(&[0.5][..]));
+        assert_eq!(log.column("rewards/win/std"), Some(&[0.5][..]));
+        assert_eq!(log.column("seconds"), Some(&[7.0][..]));
+        assert!(log.column("loss").unwrap()[0].is_nan());
+        assert_eq!(log.component_names(), vec!["win".to_string()]);
+    }
+
+    #[test]
+    fn csv_by_header_name_with_nan_and_empty() {
+        let text = "stage,step,env,reward,rewards/format/mean,rewards/format/std,kl,skipped\n\
+                    main,1,tm,0.5,1,0,,0\r\n\
+                    main,2,tm,nan,0.5,0.1,0.01,1\n\
+                    \n\
+                    dumb,3,tm,-1.25,,,inf,0\n";
+        let log = TrainingLog::parse(text).unwrap();
+        assert_eq!(log.len(), 3);
+        assert_eq!(log.steps, vec![1.0, 2.0, 3.0]);
+        assert_eq!(log.stages, vec!["main", "main", "dumb"]);
+        assert_eq!(log.envs, vec!["tm", "tm", "tm"]);
+        let r = log.column("reward").unwrap();
+        assert_eq!(r[0], 0.5);
+        assert!(r[1].is_nan());
+        assert_eq!(r[2], -1.25);
+        let kl = log.column("kl").unwrap();
+        assert!(kl[0].is_nan() && kl[2].is_nan());
+        assert_eq!(kl[1], 0.01);
+        let f = log.column("rewards/format/mean").unwrap();
+        assert_eq!(f[..2], [1.0, 0.5]);
+        assert!(f[2].is_nan());
+        assert_eq!(log.component_names(), vec!["format"]);
+        assert_eq!(log.skipped(), vec![false, true, false]);
+        assert!(log.column("stage").is_none());
+        assert!(log.column("nope").is_none());
+    }
+
+    #[test]
+    fn csv_errors_are_clear() {
+        let e = TrainingLog::parse("").unwrap_err();
+        assert!(format!("{e:#}").contains("empty"));
+        let e = TrainingLog::parse("reward\n1\n").unwrap_err();
+        assert!(format!("{e:#}").contains("`step`"));
+        let e = TrainingLog::parse("step,reward\n1,2\nx,3\n").unwrap_err();
+        assert!(format!("{e:#}").contains("line 3"), "{e:#}");
+        let e = TrainingLog::parse("step,reward\n1,2,3\n").unwrap_err();
+        assert!(format!("{e:#}").contains("line 2: 3 fields"), "{e:#}");
+    }
+
+    #[test]
+    fn csv_quoted_fields() {
+        assert_eq!(
+            split_csv_line(r#"1,"a,b","say ""hi""",,x"#),
+            vec!["1", "a,b", r#"say "hi""#, "", "x"]
+        );
+    }
+}

@@ -1,0 +1,247 @@
+//! Where prompts and rewards come from. A [`Task`] hands the trainer `n` prompts for a
+//! step (a pure function of the step's seed) and scores completions of them; a
+//! [`Renderer`] turns chat messages into token ids and ids back into text.
+//!
+//! - [`EnvTask`]: one registry environment; each prompt is one policy seat's decision.
+//! - [`MixtureTask`]: several environments, each prompt's environment drawn by weight.
+//! - tests implement [`Task`] directly for toy rewards.
+use crate::chat::Message;
+use crate::config::Config;
+use crate::envs::{self, EnvFactory, Reward};
+use crate::model::qwen2::Qwen2;
+use crate::rng::mix_seeds as mix;
+use crate::sample::Completion;
+use anyhow::{bail, Context, Result};
+use std::any::Any;
+use std::path::Path;
+
+/// Turns chat messages into prompt tokens and completion tokens into text (the
+/// tokenizer + chat template of the model; a plain id renderer in tests).
+pub trait Renderer: Send {
+    /// Chat template with the generation prompt, and its token ids.
+    fn render(&self, messages: &[Message]) -> Result<(String, Vec<u32>)>;
+    fn decode(&self, ids: &[u32]) -> Result<String>;
+    /// Tokens that end a completion.
+    fn stop_ids(&self) -> Vec<u32>;
+}
+
+/// A renderer without a tokenizer: text is the ids, no stop tokens (tests, toy tasks).
+pub struct IdRenderer;
+
+impl Renderer for IdRenderer {
+    fn render(&self, messages: &[Message]) -> Result<(String, Vec<u32>)> {
+        bail!("IdRenderer cannot render {} chat messages", messages.len())
+    }
+    fn decode(&self, ids: &[u32]) -> Result<String> {
+        Ok(ids
+            .iter()
+            .map(|i| i.to_string())
+            .collect::<Vec<_>>()
+            .join(" "))
+    }
+    fn stop_ids(&self) -> Vec<u32> {
+        Vec::new()
+    }
+}
+
+/// One prompt of a step: its token ids, readable text and whatever the task needs to
+/// score completions of it.
+pub struct TaskPrompt {
+    pub ids: Vec<u32>,
+    pub text: String,
+    pub state: Box<dyn Any + Send>,
+}
+
+/// Where prompts and rewards come from (an environment, or a toy task in tests).
+pub trait Task {
+    /// Name written to the `env` column.
+    fn name(&self) -> String;
+    /// `n` prompts for a step; a pure function of `seed`.
+    fn prompts(&mut self, seed: u64, n: usize, renderer: &dyn Renderer) -> Result<Vec<TaskPrompt>>;
+    /// Reward of one completion of `prompt`.
+    fn score(&self, prompt: &TaskPrompt, completion: &Completion) -> Result<Reward>;
+    /// Every reward component name the task can produce (the log's columns); empty:
+    /// take them from the first step.
+    fn component_names(&self) -> Vec<String> {
+        Vec::new()
+    }
+    /// The environment a prompt came from (for mixtures; default: [`Task::name`]).
+    fn env_of(&self, prompt: &TaskPrompt) -> String {
+        let _ = prompt;
+        self.name()
+    }
+}
+
+/// A registry environment: each prompt is one policy seat's decision.
+pub struct EnvTask {
+    factory: Box<dyn EnvFactory>,
+}
+
+impl EnvTask {
+    pub fn new(name: &str, options: &envs::Options) -> Result<Self> {
+        Ok(Self {
+            factory: envs::create(name, options)?,
+        })
+    }
+}
+
+impl Task for EnvTask {
+    fn name(&self) -> String {
+        self.factory.name().to_string()
+    }
+    fn component_names(&self) -> Vec<String> {
+        let d = envs::sample_decision(self.factory.as_ref(), 0);
+        envs::score_decision(&d, "")
+            .components
+            .into_keys()
+            .collect()
+    }
+    fn prompts(&mut self, seed: u64, n: usize, renderer: &dyn Renderer) -> Result<Vec<TaskPrompt>> {
+        (0..n)
+            .map(|i| {
+                let episode_seed = envs::training_seed(mix(seed, i as u64));
+                let d = envs::sample_decision(self.factory.as_ref(), episode_seed);
+                let (text, ids) = renderer.render(&d.messages)?;
+                Ok(TaskPrompt {
+                    ids,
+                    text,
+                    state: Box::new(d),
+                })
+            })
+            .collect()
+    }
+    fn score(&self, prompt: &TaskPrompt, completion: &Completion) -> Result<Reward> {
+        let d = prompt
+            .state
+            .downcast_ref::<envs::Decision>()
+            .context("prompt state is not an environment decision")?;
+        Ok(envs::score_decision(d, &completion.text))
+    }
+}
+
+/// Prompts from several environments: each prompt's environment is drawn with the
+/// mixture weights from the prompt's seed.
+pub struct MixtureTask {
+    envs: Vec<(EnvTask, f64)>,
+}
+
+impl MixtureTask {
+    pub fn new(envs: Vec<(EnvTask, f64)>) -> Self {
+        Self { envs }
+    }
+
+    fn pick(&self, seed: u64) -> usize {
+        let u = (mix(seed, 0x5EED) >> 11) as f64 / (1u64 << 53) as f64;
+        let mut acc = 0.0;
+        for (i, (_, w)) in self.envs.iter().enumerate() {
+            acc += w;
+            if u < acc {
+                return i;
+            }
+        }
+        self.envs.len() - 1
+    }
+}
+
+/// A prompt's state: which environment, and that environment's own state.
+struct Tagged {
+    env: usize,
+    inner: TaskPrompt,
+}
+
+impl Task for MixtureTask {
+    fn name(&self) -> String {
+        self.envs
+            .iter()
+            .map(|(t, _)| t.name())
+            .collect::<Vec<_>>()
+            .join("+")
+    }
+
+    fn component_names(&self) -> Vec<String> {
+        let mut all: Vec<String> = self
+            .envs
+            .iter()
+            .flat_map(|(t, _)| t.component_names())
+            .collect();
+        all.sort();
+        all.dedup();
+        all
+    }
+
+    fn prompts(&mut self, seed: u64, n: usize, renderer: &dyn Renderer) -> Result<Vec<TaskPrompt>> {
+        if self.envs.len() == 1 {
+            return self.envs[0].0.prompts(seed, n, renderer);
+        }
+        (0..n)
+            .map(|i| {
+                let s = mix(seed, i as u64);
+                let e = self.pick(s);
+                // One prompt from that environment, seeded by this prompt's own seed.
+                let mut one = self.envs[e].0.prompts(s, 1, renderer)?;
+                let inner = one.pop().context("environment gave no prompt")?;
+                Ok(TaskPrompt {
+                    ids: inner.ids.clone(),
+                    text: inner.text.clone(),
+                    state: Box::new(Tagged { env: e, inner }),
+                })
+            })
+            .collect()
+    }
+
+    fn score(&self, prompt: &TaskPrompt, completion: &Completion) -> Result<envs::Reward> {
+        if self.envs.len() == 1 {
+            return self.envs[0].0.score(prompt, completion);
+        }
+        let t = prompt
+            .state
+            .downcast_ref::<Tagged>()
+            .context("prompt state is not a mixture prompt")?;
+        self.envs[t.env].0.score(&t.inner, completion)
+    }
+
+    fn env_of(&self, prompt: &TaskPrompt) -> String {
+        match prompt.state.downcast_ref::<Tagged>() {
+            Some(t) => self.envs[t.env].0.name(),
+            None => self.name(),
+        }
+    }
+}
+
+/// The model's tokenizer and chat template as a [`Renderer`].
+pub struct TokenizerRenderer(pub crate::model::tokenizer::Tokenizer);
+
+impl Renderer for TokenizerRenderer {
+    fn render(&self, messages: &[Message]) -> Result<(String, Vec<u32>)> {
+        let text = self.0.apply_chat_template(messages, true)?;
+        let ids = self.0.encode(&text)?;
+        Ok((text, ids))
+    }
+    fn decode(&self, ids: &[u32]) -> Result<String> {
+        self.0.decode(ids)
+    }
+    fn stop_ids(&self) -> Vec<u32> {
+        self.0.stop_token_ids().to_vec()
+    }
+}
+
+/// Load (creating the built-in tiny model first when `model.init_tiny` and the
+/// directory is absent) the configured model with a fresh LoRA adapter, and its
+/// renderer.
+pub fn load_model(cfg: &Config) -> Result<(Qwen2, Box<dyn Renderer>, String)> {
+    use crate::model::load::{load_checkpoint, ModelRef};
+    let device = cfg.model.candle_device()?;
+    let name = cfg.model.name.clone();
+    if cfg.model.init_tiny && !Path::new(&name).join("config.json").exists() {
+        eprintln!("creating the built-in tiny model in {name}");
+        crate::model::load::tiny::init_tiny(
+            &crate::model::load::tiny::TinySpec::default(),
+            Path::new(&name),
+        )?;
+    }
+    let mref = ModelRef::parse(&name)?;
+    let ck = load_checkpoint(&mref, Some(cfg.model.dtype.to_candle()), &device)
+        .with_context(|| format!("loading model {name}"))?;
+    let model = Qwen2::new(&ck.config, &ck.weights, Some(&cfg.lora_config()))?;
+    Ok((model, Box::new(TokenizerRenderer(ck.tokenizer)), name))
+}
