@@ -736,6 +736,45 @@ fn unreachable_hub_fails_fast() {
     assert!(!all.contains("hf_unreachable"), "{all}");
 }
 
+/// A server that accepts connections and never answers: the export gives up within
+/// its time limits instead of hanging (before: past 200 s).
+#[test]
+fn silent_hub_times_out() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = fake_run(dir.path());
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let endpoint = format!("http://{}", listener.local_addr().unwrap());
+    let held = std::thread::spawn(move || {
+        // Accept (and hold open) every connection of the three attempts, answer none.
+        let mut open = Vec::new();
+        for _ in 0..3 {
+            match listener.accept() {
+                Ok((s, _)) => open.push(s),
+                Err(_) => break,
+            }
+        }
+        std::thread::sleep(Duration::from_secs(20));
+        drop(open);
+    });
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_concord"));
+    cmd.args(["export", run.to_str().unwrap(), "--repo", "dave/x"])
+        .env("HF_ENDPOINT", &endpoint)
+        .env("HOME", dir.path())
+        .env("HF_HOME", dir.path().join("hf"))
+        .env("HF_TOKEN", "hf_silent")
+        .env("CONCORD_HUB_TIMEOUT", "2");
+    let t0 = Instant::now();
+    let out = cmd.output().expect("run concord");
+    let elapsed = t0.elapsed();
+    let all = text(&out);
+    assert!(!out.status.success(), "{all}");
+    assert!(elapsed < Duration::from_secs(15), "took {elapsed:?}: {all}");
+    assert!(all.contains("3 attempts"), "{all}");
+    assert!(all.contains("CONCORD_HUB_TIMEOUT"), "{all}");
+    assert!(!all.contains("hf_silent"), "{all}");
+    drop(held);
+}
+
 #[test]
 fn missing_token_is_a_clear_error() {
     let dir = tempfile::tempdir().unwrap();

@@ -235,25 +235,54 @@ impl Reply {
     }
 }
 
+/// Every request is bounded: a server that accepts the connection but never answers
+/// costs at most `api` per attempt (plus the upload time of the body).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Timeouts {
+    pub(super) api: Duration,
+}
+
+impl Timeouts {
+    /// [`API_TIMEOUT`], or `CONCORD_HUB_TIMEOUT` seconds when set.
+    pub(super) fn from_env() -> Result<Self> {
+        let api = match std::env::var(TIMEOUT_ENV) {
+            Ok(v) => {
+                let secs: u64 = v.trim().parse().ok().filter(|s| *s > 0).with_context(|| {
+                    format!("{TIMEOUT_ENV}={v:?}: expected a whole number of seconds >= 1")
+                })?;
+                Duration::from_secs(secs)
+            }
+            Err(_) => API_TIMEOUT,
+        };
+        Ok(Self { api })
+    }
+
+    /// The whole-request limit for a request carrying `body_len` bytes.
+    pub(super) fn for_body(&self, body_len: usize) -> Duration {
+        self.api + Duration::from_secs(body_len as u64 / MIN_UPLOAD_BYTES_PER_S)
+    }
+}
+
 pub(super) struct Hub<'a> {
     pub(super) agent: ureq::Agent,
+    pub(super) timeouts: Timeouts,
     pub(super) endpoint: &'a str,
     pub(super) token: &'a HfToken,
 }
 
 impl<'a> Hub<'a> {
-    pub(super) fn new(endpoint: &'a str, token: &'a HfToken) -> Hub<'a> {
+    pub(super) fn new(endpoint: &'a str, token: &'a HfToken) -> Result<Hub<'a>> {
+        let timeouts = Timeouts::from_env()?;
         let agent = ureq::AgentBuilder::new()
-            .timeout_connect(CONNECT_TIMEOUT)
-            .timeout_read(IO_TIMEOUT)
-            .timeout_write(IO_TIMEOUT)
+            .timeout_connect(CONNECT_TIMEOUT.min(timeouts.api))
             .user_agent(&format!("concord/{}", env!("CARGO_PKG_VERSION")))
             .build();
-        Hub {
+        Ok(Hub {
             agent,
+            timeouts,
             endpoint,
             token,
-        }
+        })
     }
 
     /// An authenticated Hub API call.
@@ -300,7 +329,10 @@ impl<'a> Hub<'a> {
             if attempt > 1 {
                 std::thread::sleep(BACKOFF[(attempt - 2).min(BACKOFF.len() - 1)]);
             }
-            let mut req = self.agent.request(method, url);
+            let mut req = self
+                .agent
+                .request(method, url)
+                .timeout(self.timeouts.for_body(body.len()));
             let has_content_type = headers
                 .iter()
                 .any(|(k, _)| k.eq_ignore_ascii_case("content-type"));
@@ -357,8 +389,10 @@ impl<'a> Hub<'a> {
         }
         bail!(
             "cannot reach the Hugging Face Hub at {} ({what}: {last_error}; {MAX_ATTEMPTS} \
-             attempts): check your network or HF_ENDPOINT",
-            self.endpoint
+             attempts, each limited to {}s, {TIMEOUT_ENV} to change): check your network or \
+             HF_ENDPOINT",
+            self.endpoint,
+            self.timeouts.for_body(body.len()).as_secs()
         )
     }
 

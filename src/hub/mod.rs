@@ -62,7 +62,13 @@ const MAX_ATTEMPTS: usize = 3;
 /// Waits between attempts.
 const BACKOFF: [Duration; 2] = [Duration::from_millis(500), Duration::from_millis(1000)];
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
-const IO_TIMEOUT: Duration = Duration::from_secs(300);
+/// Default limit on one API request (connect, send, wait, read), before retries.
+const API_TIMEOUT: Duration = Duration::from_secs(120);
+/// Overrides [`API_TIMEOUT`] (whole seconds); storage uploads get this plus the time
+/// their bytes need at [`MIN_UPLOAD_BYTES_PER_S`].
+pub const TIMEOUT_ENV: &str = "CONCORD_HUB_TIMEOUT";
+/// The slowest upload a transfer is allowed before it counts as stalled.
+const MIN_UPLOAD_BYTES_PER_S: u64 = 256 * 1024;
 const LFS_CONTENT_TYPE: &str = "application/vnd.git-lfs+json";
 
 // ---------------------------------------------------------------------------------
@@ -349,7 +355,7 @@ pub fn export(opts: &ExportOptions, endpoint: &str, token: &HfToken) -> Result<E
     validate_options(opts)?;
     let endpoint = normalize_endpoint(endpoint);
     let files = collect_files(opts)?;
-    let hub = Hub::new(&endpoint, token);
+    let hub = Hub::new(&endpoint, token)?;
     let repo = opts.repo.as_str();
     let rev = encode_segment(&opts.revision);
 
