@@ -429,3 +429,124 @@ pub fn create(name: &str, options: &Options) -> anyhow::Result<Box<dyn EnvFactor
         ),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Play `seed` with `text(step, seat)` for every acting seat; check the contract's
+    /// per-step outcome and return (summed step rewards, final rewards) per policy seat.
+    fn play_checked(
+        f: &dyn EnvFactory,
+        seed: u64,
+        text: impl Fn(usize, usize) -> String,
+        is_valid: impl Fn(&str) -> bool,
+    ) -> Vec<(f64, f64)> {
+        let mut env = f.reset(seed);
+        let seats = env.policy_seats();
+        let mut sums = vec![0.0; env.num_seats()];
+        let mut step = 0;
+        while !env.done() {
+            let acting = env.to_act();
+            assert_eq!(acting, seats, "simultaneous games: every policy seat acts");
+            let texts: Vec<String> = acting.iter().map(|&s| text(step, s)).collect();
+            let out = env.step(&texts).unwrap();
+            assert_eq!(out.seats, acting);
+            assert_eq!(out.rewards.len(), acting.len());
+            for (i, t) in texts.iter().enumerate() {
+                assert_eq!(out.valid[i], is_valid(t), "{t:?}");
+                assert_eq!(
+                    out.feedback[i].is_empty(),
+                    out.valid[i],
+                    "{:?}",
+                    out.feedback[i]
+                );
+                sums[out.seats[i]] += out.rewards[i];
+            }
+            step += 1;
+        }
+        assert!(env.to_act().is_empty());
+        seats
+            .iter()
+            .map(|&s| (sums[s], env.reward(s).scalar))
+            .collect()
+    }
+
+    #[test]
+    fn ticketmelt_step_outcomes() {
+        for pool in ["mixed", "self_play"] {
+            let mut o = Options::new();
+            o.insert("peers".into(), pool.into());
+            o.insert("reward".into(), "weighted".into());
+            o.insert("malformed_zero".into(), false.into());
+            let f = create("ticketmelt", &o).unwrap();
+            let texts = [
+                r#"{"commitment":"DEPLOY_PROD_B"}"#,
+                "DEPLOY_PROD_A please",
+                r#"{"commitment":"MONITOR","channel_msg":"x"}"#,
+                r#"{"commitment":"DEPLOY_PROD_A|DEPLOY_PROD_B|MONITOR"}"#,
+                "",
+            ];
+            for seed in 0..30 {
+                let got = play_checked(
+                    f.as_ref(),
+                    seed,
+                    |step, seat| texts[(step + seat + seed as usize) % texts.len()].to_string(),
+                    |t| ticketmelt::parse_action(t).format_ok,
+                );
+                for (sum, scalar) in got {
+                    assert_eq!(sum, scalar, "terminal step reward is the scalar");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn merge_ring_step_outcomes() {
+        let mut o = Options::new();
+        o.insert("self_play".into(), true.into());
+        let f = create("merge_ring", &o).unwrap();
+        let texts = [
+            "ACTION: early",
+            "late",
+            "??",
+            "early or late",
+            "ACTION: bypass",
+        ];
+        for seed in 0..30 {
+            let got = play_checked(
+                f.as_ref(),
+                seed,
+                |step, seat| texts[(step * 3 + seat + seed as usize) % texts.len()].to_string(),
+                |t| merge_ring::parse_action(t).1 != merge_ring::ParseOutcome::Default,
+            );
+            for (sum, scalar) in got {
+                assert!((sum - scalar).abs() < 1e-9, "{sum} vs {scalar}");
+            }
+        }
+    }
+
+    #[test]
+    fn registry_is_one_table() {
+        assert_eq!(
+            names(),
+            ["ticketmelt", "merge_ring", "postmortem", "whispers"]
+        );
+        for e in REGISTRY {
+            match create(e.name, &Options::new()) {
+                Ok(f) => {
+                    assert!(e.built());
+                    assert_eq!(f.name(), e.name);
+                    assert_eq!(f.reset(0).name(), e.name);
+                }
+                Err(err) => {
+                    assert!(!e.built());
+                    assert!(err.to_string().contains("not built"), "{err}");
+                }
+            }
+        }
+        let err = create("nope", &Options::new()).err().unwrap().to_string();
+        assert!(err.contains("known: ticketmelt, merge_ring"), "{err}");
+        assert_eq!(tools::list().lines().count(), REGISTRY.len());
+    }
+}

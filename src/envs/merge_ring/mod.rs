@@ -60,6 +60,17 @@
 //! history, this episode's signals in the commit phase, options as a list, and the
 //! answer format `ACTION: bypass`). [`parse_action`] reads the answer and defaults to
 //! bypass, the safe action; it never panics.
+//!
+//! # Layout
+//! `mod.rs`: actions, the environment and capability impls, the factory and baselines;
+//! [`config`]: options; [`parse`]: the answer parser; [`session`]: state, resolution,
+//! tallies and prompts; [`policy`]: scripted drivers; [`graph`]: the exact state graph.
+//!
+//! # Contract
+//! `to_act()` is every policy seat (both phases are simultaneous) until the session is
+//! over. Step rewards: 0.0 at signals, the episode's reward / `episodes_per_session` at
+//! each commit (they sum to the final scalar); `valid` is false when the parser
+//! defaulted to bypass.
 
 pub mod config;
 pub mod graph;

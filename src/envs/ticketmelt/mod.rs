@@ -63,6 +63,18 @@
 //! `default`: degrade on, peer_mirror 0.5, urgent weight 2, urgent failure `blame`,
 //! hints on, `win_rule = "gated"`, threshold 0.35, pool `mixed`.
 
+//!
+//! # Layout
+//! `mod.rs`: options (`Rules`, presets), the `Environment`/`Scripted`/`Inspect` impls and
+//! the factory; [`rules`]: the state, the resolution of a round and scoring; [`parse`]:
+//! the validating parser; [`render`]: prompts, readable state, transcript, `describe`;
+//! [`policies`]: scripted engineers, pools, the fast path, baselines and bench.
+//!
+//! # Contract
+//! `to_act()` is every policy seat until the episode ends. Step rewards are terminal
+//! only (0.0, then the final scalar on the last step); `valid` is the parser's
+//! `format_ok` and `feedback` explains a malformed answer and the action played.
+
 #![allow(clippy::needless_range_loop)]
 
 pub mod parse;

@@ -342,7 +342,6 @@ Answer with one JSON object and nothing else, for example:\n{\"channel_msg\": \"
 }
 
 /// Append a small integer without `fmt` machinery.
-
 #[inline]
 fn push_num(out: &mut String, n: i64) {
     if n < 0 {
