@@ -4,7 +4,7 @@ use concord::envs::merge_ring::policy::Kind;
 use concord::envs::merge_ring::{
     parse_action, Action, Config, MergeRingFactory, ParseOutcome, Regime,
 };
-use concord::envs::{create, EnvFactory, Environment, Options};
+use concord::envs::{create, EnvFactory, Environment, Options, Tools};
 use proptest::prelude::*;
 
 fn factory(cfg: Config) -> MergeRingFactory {

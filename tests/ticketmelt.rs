@@ -5,6 +5,7 @@ use concord::envs::ticketmelt::{
 };
 use concord::envs::{
     create, replay, sample_decision, score_decision, score_joint, EnvFactory, Environment, Options,
+    Tools,
 };
 use proptest::prelude::*;
 

@@ -1,6 +1,7 @@
 //! The `concord` command line. Thin: every clap type lives here, one file per command,
 //! and each command calls one library entry function. No library module knows clap.
 mod bench;
+mod envs;
 mod eval;
 mod export;
 mod plot;
@@ -23,7 +24,7 @@ pub struct Cli {
 #[derive(Subcommand)]
 pub enum Command {
     /// Inspect, play and benchmark the built-in environments.
-    Envs(crate::envs::cli::EnvsArgs),
+    Envs(crate::cli::envs::EnvsArgs),
     /// Create model checkpoints (`model init-tiny`).
     Model(crate::model::cli::ModelArgs),
     /// Log-probabilities of a completion given a chat prompt (JSON).
@@ -55,7 +56,7 @@ pub fn main() -> i32 {
 
 fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
-        Command::Envs(args) => crate::envs::cli::run(args),
+        Command::Envs(args) => crate::cli::envs::run(args),
         Command::Model(args) => crate::model::cli::run_model(args),
         Command::Score(args) => crate::model::cli::run_score(args),
         Command::Generate(args) => crate::sample::run_generate(args),

@@ -1,15 +1,53 @@
-//! The contract every embedded environment implements, and the registry.
+//! The contract every embedded environment implements, its optional capabilities, and
+//! the registry.
 //!
 //! An environment is a multi-agent text game. The trained policy holds one or more
 //! seats; every other seat is scripted. Each policy seat sees its own observation as
 //! chat messages and answers with free text, which the environment parses into an
 //! action (malformed text becomes a documented default action, never a panic).
-//! Simultaneous moves are resolved together in [`Environment::step`].
 //!
-//! GRPO trains on *decisions*: a prompt is one policy seat's observation at one state.
-//! [`Environment::continuation_action`] supplies the scripted action used for the other
-//! policy seats and for the rest of the episode, so one completion can be scored by
-//! rolling the episode out to the end.
+//! # The core contract ([`Environment`])
+//! Small enough to serve over a socket (one instance per connection):
+//! - **text in, text out**: [`Environment::observation`] gives a seat's prompt as chat
+//!   messages; [`Environment::step`] takes one raw text per seat in
+//!   [`Environment::to_act`], in that order;
+//! - **whose turn**: `to_act()` names the seats that must answer in the next `step`. In a
+//!   simultaneous game it is every policy seat still acting; in a sequential game, the
+//!   one seat on the move. Scripted seats act by themselves inside `step`. It is empty
+//!   once [`Environment::done`];
+//! - **per-step outcome**: `step` returns a [`StepOutcome`]: for every seat that acted,
+//!   its step reward, whether its text parsed to a valid action, and feedback text (why
+//!   an answer was invalid and what was played instead). Environments with a terminal
+//!   reward only report 0.0 until the last step; each documents its step rewards;
+//! - **rewards**: [`Environment::reward`] gives a seat's named components plus the GRPO
+//!   scalar (final once done);
+//! - **seeded**: the factory's `reset(seed)` always gives the same episode, and the
+//!   environment owns its RNG (no global state);
+//! - **never panics** on any text; wrong *numbers* of texts are an `Err`;
+//! - **clone and replay**: [`Environment::clone_box`] forks the episode (RNG included);
+//!   every [`Environment::transcript`] carries `"seed"` and `"steps"` (one array of texts
+//!   per `step`) and [`replay`] rebuilds the episode from them.
+//!
+//! ```ignore
+//! # use concord::envs::*;
+//! let factory = create("ticketmelt", &Options::new())?;
+//! let mut env = factory.reset(42);
+//! while !env.done() {
+//!     let texts: Vec<String> = env.to_act().iter().map(|&s| my_model(&env.observation(s))).collect();
+//!     let out = env.step(&texts)?;          // out.rewards / out.valid / out.feedback per acting seat
+//! }
+//! let r = env.reward(0);                    // r.scalar for GRPO, r.components for logging
+//! ```
+//!
+//! # Optional capabilities
+//! Beyond the core, an environment may offer (discovered through `as_*` accessors that
+//! default to `None`; convenience methods on `dyn Environment` / `dyn EnvFactory` use
+//! them and degrade gracefully):
+//! - [`Scripted`]: scripted policies for its seats (the continuation policy used to
+//!   finish episodes when scoring a decision, named baseline policies, a fast rollout);
+//! - [`Inspect`]: the win rule of the baseline tables and a readable state;
+//! - [`Tools`] (on the factory): `describe`, the names of policies and opponent pools,
+//!   baselines and a fast benchmark, for `concord envs` (see [`tools`]).
 //!
 //! # Single-decision training (what the trainer uses)
 //! ```ignore
@@ -23,27 +61,36 @@
 //! [`sample_decision`] resets the episode with `seed`, rolls a seeded-random number of
 //! rounds with the continuation policy (never to the end), and picks one policy seat
 //! (preferring seats that still have something to decide, see
-//! [`Environment::seat_active`]); everything is a pure function of the seed.
-//! [`score_decision`] clones the decision's episode, plays the completion for that seat
+//! [`Scripted::seat_active`]); everything is a pure function of the seed.
+//! [`score_decision`] forks the decision's episode, plays the completion for that seat
 //! and the continuation policy for the other policy seats, rolls to the end with the
 //! continuation policy and returns that seat's reward. [`score_joint`] does the same for
-//! several seats at once (self-play, where every seat's completion trains).
+//! several seats at once (self-play, where every seat's completion trains). Both need
+//! the [`Scripted`] capability.
 //!
 //! # Whole-episode (multi-turn) training
-//! The same trait serves it: `reset(seed)`; then while `!done()`, for every policy seat
-//! take `observation(seat)` (the first turn uses system + user; later turns append the
-//! model's previous answer as an assistant message and the new user message, i.e. the
-//! last element of `observation(seat)`, see [`Environment::turn_message`]), generate,
-//! and `step` with one text per policy seat; finally `reward(seat)`. Environment turns
-//! carry loss mask 0. [`play_episode`] drives this loop for any action source.
+//! The core contract serves it: `reset(seed)`; then while `!done()`, for every seat in
+//! `to_act()` take `observation(seat)` (the first turn uses system + user; later turns
+//! append the model's previous answer as an assistant message and the new user message,
+//! i.e. the last element of `observation(seat)`, see `turn_message`), generate, and
+//! `step` with one text per acting seat; `StepOutcome::feedback` may be shown to the
+//! model next turn; finally `reward(seat)`. Environment turns carry loss mask 0.
+//! [`play_episode`] drives this loop for any action source.
 //!
-//! # Replay
-//! Every transcript carries `"seed"` and `"steps"` (one array of policy-seat texts per
-//! `step`); [`replay`] resets with the seed and feeds the steps again.
+//! # Registry
+//! [`REGISTRY`] is one table of [`EnvEntry`] rows (name, summary, constructor);
+//! [`create`], [`names`] and `concord envs list` all read it.
 
-pub mod cli;
+pub mod episode;
 pub mod merge_ring;
 pub mod ticketmelt;
+pub mod tools;
+
+pub use episode::{
+    eval_seed, play_episode, replay, sample_decision, score_decision, score_joint, training_seed,
+    Decision, HELD_OUT_BIT,
+};
+pub use tools::{measure, wilson_ci, BaselineRow, BenchResult, Measured};
 
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -63,7 +110,41 @@ pub struct Reward {
 /// validates them and names unknown keys in its error.
 pub type Options = toml::Table;
 
-/// A running episode.
+/// What one [`Environment::step`] did, per seat that acted. All four vectors have one
+/// entry per acting seat, in the order of the `actions` given (the `to_act()` before the
+/// step); all are empty when nobody acted (e.g. stepping a finished episode).
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct StepOutcome {
+    /// The seats the entries are about.
+    pub seats: Vec<usize>,
+    /// Step reward of each seat (environment-specific; see its docs).
+    pub rewards: Vec<f64>,
+    /// Whether the seat's text parsed to a valid action (false: a default was played).
+    pub valid: Vec<bool>,
+    /// Feedback for the seat: why its action was invalid and what was played instead;
+    /// empty when there is nothing to say.
+    pub feedback: Vec<String>,
+}
+
+impl StepOutcome {
+    /// Append one seat's entry.
+    pub fn push(&mut self, seat: usize, reward: f64, valid: bool, feedback: String) {
+        self.seats.push(seat);
+        self.rewards.push(reward);
+        self.valid.push(valid);
+        self.feedback.push(feedback);
+    }
+    /// Index of `seat`'s entry, if it acted.
+    pub fn position(&self, seat: usize) -> Option<usize> {
+        self.seats.iter().position(|&s| s == seat)
+    }
+    /// Whether every acting seat's text was valid.
+    pub fn all_valid(&self) -> bool {
+        self.valid.iter().all(|&v| v)
+    }
+}
+
+/// A running episode: the core contract (see the module docs).
 pub trait Environment: Send {
     /// Registry name of the environment.
     fn name(&self) -> &'static str;
@@ -71,44 +152,58 @@ pub trait Environment: Send {
     fn num_seats(&self) -> usize;
     /// Seats the policy holds, ascending. Self-play holds all of them.
     fn policy_seats(&self) -> Vec<usize>;
+    /// The seats that must submit a text in the next `step`, in the order `step` takes
+    /// them; empty once done.
+    fn to_act(&self) -> Vec<usize>;
     /// What `seat` sees now, as chat messages (system + user).
     fn observation(&self, seat: usize) -> Vec<Message>;
-    /// Resolve one simultaneous move. `actions[i]` is the raw text of policy seat
-    /// `policy_seats()[i]`; scripted seats act themselves. Never panics on any text.
-    fn step(&mut self, actions: &[String]) -> anyhow::Result<()>;
+    /// Play one move. `actions[i]` is the raw text of seat `to_act()[i]`; scripted seats
+    /// act themselves. Never panics on any text; a wrong number of texts is an error.
+    fn step(&mut self, actions: &[String]) -> anyhow::Result<StepOutcome>;
     /// Whether the episode is over.
     fn done(&self) -> bool;
     /// The reward of `seat` (final once `done()`).
     fn reward(&self, seat: usize) -> Reward;
-    /// The text the continuation policy would play for policy seat `seat` now.
-    fn continuation_action(&mut self, seat: usize) -> String;
-    /// The text scripted policy `policy` (a name from [`EnvFactory::policies`]) plays
-    /// for `seat` now; used by `envs play --policy` and `envs baseline`.
-    fn policy_action(&mut self, policy: &str, seat: usize) -> anyhow::Result<String>;
-    /// A serde transcript of the whole episode so far (enough to replay it).
+    /// A serde transcript of the whole episode so far (enough to replay it: `seed` and
+    /// `steps`).
     fn transcript(&self) -> serde_json::Value;
     /// An independent copy of the episode at its current state (RNG included).
     fn clone_box(&self) -> Box<dyn Environment>;
 
+    /// The [`Scripted`] capability, if the environment has it.
+    fn as_scripted(&self) -> Option<&dyn Scripted> {
+        None
+    }
+    /// The [`Scripted`] capability, mutably (scripted moves may draw from the RNG).
+    fn as_scripted_mut(&mut self) -> Option<&mut dyn Scripted> {
+        None
+    }
+    /// The [`Inspect`] capability, if the environment has it.
+    fn as_inspect(&self) -> Option<&dyn Inspect> {
+        None
+    }
+}
+
+/// Capability: scripted policies for the environment's seats. Used to finish episodes
+/// when scoring a single decision (with [`Environment::clone_box`] as the fork), by
+/// `concord envs play --policy` and by baselines.
+pub trait Scripted: Environment {
+    /// The text the continuation policy would play for policy seat `seat` now.
+    fn continuation_action(&mut self, seat: usize) -> String;
+    /// The text scripted policy `policy` (a name from [`Tools::policies`]) plays for
+    /// `seat` now.
+    fn policy_action(&mut self, policy: &str, seat: usize) -> anyhow::Result<String>;
     /// Whether `seat` still has a meaningful decision to take (e.g. its own task is not
     /// finished). [`sample_decision`] prefers active seats. Default: always.
     fn seat_active(&self, seat: usize) -> bool {
         let _ = seat;
         true
     }
-    /// Whether `seat` won the (finished) episode; what the baseline tables count.
-    /// Default: a `win` reward component of at least 0.5.
-    fn won(&self, seat: usize) -> bool {
-        self.reward(seat)
-            .components
-            .get("win")
-            .is_some_and(|w| *w >= 0.5)
-    }
-    /// Play to the end with the continuation policy in every policy seat.
+    /// Play to the end with the continuation policy in every acting seat.
     fn rollout(&mut self) {
         while !self.done() {
             let actions: Vec<String> = self
-                .policy_seats()
+                .to_act()
                 .into_iter()
                 .map(|s| self.continuation_action(s))
                 .collect();
@@ -117,24 +212,91 @@ pub trait Environment: Send {
             }
         }
     }
-    /// The message to append for `seat`'s next turn in a multi-turn conversation
-    /// (default: the last message of [`Environment::observation`]).
-    fn turn_message(&self, seat: usize) -> Message {
-        self.observation(seat)
-            .pop()
-            .unwrap_or_else(|| Message::user(""))
+}
+
+/// Capability: reading an episode as people and baseline tables do.
+pub trait Inspect: Environment {
+    /// Whether `seat` won the (finished) episode; what the baseline tables and `eval`
+    /// count. Default: a `win` reward component of at least 0.5.
+    fn won(&self, seat: usize) -> bool {
+        win_component(&self.reward(seat))
     }
-    /// A human-readable view of the public state (for `concord envs play`).
+    /// A human-readable view of the public state (for `concord envs play`). Default:
+    /// the pretty-printed transcript.
     fn render_state(&self) -> String {
         serde_json::to_string_pretty(&self.transcript()).unwrap_or_default()
     }
 }
 
+/// The default win rule: a `win` component of at least 0.5.
+pub fn win_component(r: &Reward) -> bool {
+    r.components.get("win").is_some_and(|w| *w >= 0.5)
+}
+
+/// Convenience over the optional capabilities, for any episode.
+impl<'a> dyn Environment + 'a {
+    /// [`Scripted::continuation_action`]; an empty text (which every environment parses
+    /// to its default action) without the capability.
+    pub fn continuation_action(&mut self, seat: usize) -> String {
+        self.as_scripted_mut()
+            .map(|s| s.continuation_action(seat))
+            .unwrap_or_default()
+    }
+    /// [`Scripted::policy_action`]; an error without the capability.
+    pub fn policy_action(&mut self, policy: &str, seat: usize) -> anyhow::Result<String> {
+        let name = self.name();
+        match self.as_scripted_mut() {
+            Some(s) => s.policy_action(policy, seat),
+            None => anyhow::bail!("environment `{name}` has no scripted policies"),
+        }
+    }
+    /// [`Scripted::seat_active`]; always true without the capability.
+    pub fn seat_active(&self, seat: usize) -> bool {
+        self.as_scripted().is_none_or(|s| s.seat_active(seat))
+    }
+    /// [`Scripted::rollout`]; nothing without the capability.
+    pub fn rollout(&mut self) {
+        if let Some(s) = self.as_scripted_mut() {
+            s.rollout();
+        }
+    }
+    /// [`Inspect::won`]; [`win_component`] without the capability.
+    pub fn won(&self, seat: usize) -> bool {
+        match self.as_inspect() {
+            Some(i) => i.won(seat),
+            None => win_component(&self.reward(seat)),
+        }
+    }
+    /// [`Inspect::render_state`]; the pretty-printed transcript without the capability.
+    pub fn render_state(&self) -> String {
+        match self.as_inspect() {
+            Some(i) => i.render_state(),
+            None => serde_json::to_string_pretty(&self.transcript()).unwrap_or_default(),
+        }
+    }
+    /// The message to append for `seat`'s next turn in a multi-turn conversation: the
+    /// last message of [`Environment::observation`].
+    pub fn turn_message(&self, seat: usize) -> Message {
+        self.observation(seat)
+            .pop()
+            .unwrap_or_else(|| Message::user(""))
+    }
+}
+
 /// Creates episodes of one configured environment.
 pub trait EnvFactory: Send + Sync {
+    /// Registry name.
     fn name(&self) -> &'static str;
     /// A new episode; the same seed always gives the same episode.
     fn reset(&self, seed: u64) -> Box<dyn Environment>;
+    /// The [`Tools`] capability, if the environment has it.
+    fn tools(&self) -> Option<&dyn Tools> {
+        None
+    }
+}
+
+/// Capability of a factory: what `concord envs` offers beyond playing.
+pub trait Tools {
     /// Rules, actions, rewards and options, for `concord envs describe`.
     fn describe(&self) -> String;
     /// Names of the scripted policies a policy seat can be played by.
@@ -150,402 +312,241 @@ pub trait EnvFactory: Send + Sync {
         episodes: usize,
         first_seed: u64,
     ) -> anyhow::Result<BaselineRow>;
-    /// Single-threaded throughput, without and with prompt rendering, each measured for
-    /// at least `min_secs` (see [`measure`]). Default: generic, through the trait
-    /// (continuation policy, text actions); environments override it with their fast
-    /// path.
+    /// Single-threaded throughput through the environment's fast path, each half
+    /// measured for at least `min_secs` (see [`measure`]). Default: `None`, and
+    /// [`tools::factory_bench`] measures generically through the traits.
     fn bench(&self, min_secs: f64) -> Option<BenchResult> {
-        let run = |render: bool| {
-            let mut seed = 0u64;
-            let mut sink = 0usize;
-            let r = measure(min_secs, || {
-                let mut env = self.reset(seed);
-                seed += 1;
-                while !env.done() {
-                    let seats = env.policy_seats();
-                    if render {
-                        for &s in &seats {
-                            sink += env
-                                .observation(s)
-                                .iter()
-                                .map(|m| m.content.len())
-                                .sum::<usize>();
-                        }
-                    }
-                    let actions: Vec<String> =
-                        seats.iter().map(|&s| env.continuation_action(s)).collect();
-                    if env.step(&actions).is_err() {
-                        break;
-                    }
-                }
-                1
-            });
-            std::hint::black_box(sink);
-            r
-        };
-        Some(BenchResult::from_runs(run(false), run(true)))
+        let _ = min_secs;
+        None
     }
 }
 
-/// Result of `concord envs bench`.
-///
-/// `episodes_per_s*` count episodes per second of CPU time of the benchmarking thread
-/// (Linux `/proc/thread-self/schedstat`), which equals wall-clock throughput on an idle
-/// core and stays meaningful on a machine shared with other jobs; `clock` says
-/// `"thread_cpu"`, or `"wall"` where no thread clock exists (then both pairs agree).
-/// The `wall_*` fields are plain wall-clock throughput.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct BenchResult {
-    pub episodes_per_s: f64,
-    pub episodes_per_s_with_prompts: f64,
-    pub wall_episodes_per_s: f64,
-    pub wall_episodes_per_s_with_prompts: f64,
-    pub clock: String,
-}
-
-impl BenchResult {
-    /// From two [`measure`] results (without, with rendering).
-    pub fn from_runs(plain: Measured, prompts: Measured) -> Self {
-        BenchResult {
-            episodes_per_s: plain.per_s().round(),
-            episodes_per_s_with_prompts: prompts.per_s().round(),
-            wall_episodes_per_s: plain.per_wall_s().round(),
-            wall_episodes_per_s_with_prompts: prompts.per_wall_s().round(),
-            clock: if plain.cpu_secs.is_some() {
-                "thread_cpu"
-            } else {
-                "wall"
-            }
-            .to_string(),
+/// Convenience over the optional [`Tools`] capability.
+impl<'a> dyn EnvFactory + 'a {
+    /// [`Tools::describe`]; a one-line note without the capability.
+    pub fn describe(&self) -> String {
+        match self.tools() {
+            Some(t) => t.describe(),
+            None => format!("{}: no description", self.name()),
         }
     }
-}
-
-/// Episodes counted over a timed run.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Measured {
-    pub episodes: u64,
-    pub wall_secs: f64,
-    pub cpu_secs: Option<f64>,
-}
-
-impl Measured {
-    /// Episodes per CPU second of the thread (per wall second without a thread clock).
-    pub fn per_s(&self) -> f64 {
-        self.episodes as f64 / self.cpu_secs.unwrap_or(self.wall_secs).max(1e-9)
+    /// [`Tools::policies`]; none without the capability.
+    pub fn policies(&self) -> Vec<&'static str> {
+        self.tools().map(|t| t.policies()).unwrap_or_default()
     }
-    pub fn per_wall_s(&self) -> f64 {
-        self.episodes as f64 / self.wall_secs.max(1e-9)
+    /// [`Tools::pools`]; none without the capability.
+    pub fn pools(&self) -> Vec<&'static str> {
+        self.tools().map(|t| t.pools()).unwrap_or_default()
     }
-}
-
-/// CPU time used by the calling thread, in seconds (Linux only; `None` elsewhere).
-pub fn thread_cpu_seconds() -> Option<f64> {
-    let s = std::fs::read_to_string("/proc/thread-self/schedstat").ok()?;
-    let ns: u64 = s.split_whitespace().next()?.parse().ok()?;
-    Some(ns as f64 * 1e-9)
-}
-
-/// Call `episode` (which plays one or more episodes and returns how many) until the
-/// thread has used `min_secs` of CPU time (wall time without a thread clock; at most
-/// 50 x `min_secs` of wall time either way). Clocks are read every 256 calls.
-pub fn measure(min_secs: f64, mut episode: impl FnMut() -> u64) -> Measured {
-    let t0 = std::time::Instant::now();
-    let c0 = thread_cpu_seconds();
-    let mut n = 0u64;
-    loop {
-        for _ in 0..256 {
-            n += episode();
-        }
-        let wall = t0.elapsed().as_secs_f64();
-        let cpu = c0.and_then(|c0| thread_cpu_seconds().map(|c| c - c0));
-        if cpu.unwrap_or(wall) >= min_secs || wall >= 50.0 * min_secs {
-            return Measured {
-                episodes: n,
-                wall_secs: wall,
-                cpu_secs: cpu.filter(|c| *c > 0.0),
-            };
+    /// [`Tools::baseline`]; an error without the capability.
+    pub fn baseline(
+        &self,
+        policy: &str,
+        pool: &str,
+        episodes: usize,
+        first_seed: u64,
+    ) -> anyhow::Result<BaselineRow> {
+        match self.tools() {
+            Some(t) => t.baseline(policy, pool, episodes, first_seed),
+            None => anyhow::bail!("environment `{}` has no baselines", self.name()),
         }
     }
-}
-
-/// One row of `concord envs baseline --json`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct BaselineRow {
-    pub policy: String,
-    pub peers: String,
-    pub episodes: usize,
-    pub win_rate: f64,
-    /// 95% Wilson score interval of the win rate.
-    pub win_ci: [f64; 2],
-    pub mean_reward: f64,
-    /// Environment-specific rates and means (e.g. `merge_rate`, `collision_rate`).
-    #[serde(flatten)]
-    pub extra: BTreeMap<String, f64>,
-}
-
-/// 95% Wilson score interval for `wins` successes out of `n`.
-pub fn wilson_ci(wins: usize, n: usize) -> [f64; 2] {
-    if n == 0 {
-        return [0.0, 1.0];
-    }
-    let z = 1.959_963_984_540_054_f64;
-    let n_f = n as f64;
-    let p = wins as f64 / n_f;
-    let denom = 1.0 + z * z / n_f;
-    let centre = (p + z * z / (2.0 * n_f)) / denom;
-    let half = z * ((p * (1.0 - p) / n_f + z * z / (4.0 * n_f * n_f)).sqrt()) / denom;
-    [(centre - half).max(0.0), (centre + half).min(1.0)]
-}
-
-/// One registry entry.
-pub struct EnvInfo {
-    pub name: &'static str,
-    pub summary: &'static str,
-}
-
-/// Every environment built into the binary.
-pub const REGISTRY: &[EnvInfo] = &[
-    EnvInfo {
-        name: "ticketmelt",
-        summary: "four engineers deploy fixes to two shared prod servers",
-    },
-    EnvInfo {
-        name: "merge_ring",
-        summary: "vehicles on a ring signal, then commit to merge slots",
-    },
-    EnvInfo {
-        name: "postmortem",
-        summary: "write an incident post-mortem from logs and Slack",
-    },
-    EnvInfo {
-        name: "whispers",
-        summary: "information triage among witnesses, relays and liars",
-    },
-];
-
-/// Build the factory for a registry name with its options.
-pub fn create(name: &str, options: &Options) -> anyhow::Result<Box<dyn EnvFactory>> {
-    match name {
-        "ticketmelt" => Ok(Box::new(ticketmelt::TicketmeltFactory::new(options)?)),
-        "merge_ring" => Ok(Box::new(merge_ring::MergeRingFactory::from_options(
-            options,
-        )?)),
-        _ if REGISTRY.iter().any(|e| e.name == name) => {
-            anyhow::bail!("environment `{name}` is registered but not built into this version yet")
-        }
-        _ => anyhow::bail!(
-            "unknown environment `{name}`; known: {}",
-            REGISTRY
-                .iter()
-                .map(|e| e.name)
-                .collect::<Vec<_>>()
-                .join(", ")
-        ),
+    /// The fast benchmark of [`Tools::bench`], else the generic one ([`tools::generic_bench`]).
+    pub fn bench(&self, min_secs: f64) -> Option<BenchResult> {
+        tools::factory_bench(self, min_secs)
     }
 }
 
 // -------------------------------------------------------------------------------------
-// Single-decision helpers.
+// The registry.
 
-/// One policy seat at one state: the unit GRPO trains on.
-pub struct Decision {
-    /// The episode at the decision point (not yet stepped for this round).
-    pub env: Box<dyn Environment>,
-    /// The policy seat that decides.
-    pub seat: usize,
-    /// Its observation (system + user): the prompt.
-    pub messages: Vec<Message>,
-    /// The seed that produced this decision.
-    pub seed: u64,
-    /// Steps played before the decision.
-    pub step: usize,
+/// Builds a configured factory from options.
+pub type Constructor = fn(&Options) -> anyhow::Result<Box<dyn EnvFactory>>;
+
+/// One registry row.
+pub struct EnvEntry {
+    pub name: &'static str,
+    /// One line for `concord envs list`.
+    pub summary: &'static str,
+    /// None for environments that are registered but not built into this version.
+    pub create: Option<Constructor>,
 }
 
-impl Clone for Decision {
-    fn clone(&self) -> Self {
-        Decision {
-            env: self.env.clone_box(),
-            seat: self.seat,
-            messages: self.messages.clone(),
-            seed: self.seed,
-            step: self.step,
+impl EnvEntry {
+    /// Whether this version can create the environment.
+    pub fn built(&self) -> bool {
+        self.create.is_some()
+    }
+}
+
+/// Every environment, built or planned: the one list `create`, `names` and
+/// `concord envs list` derive from.
+pub static REGISTRY: &[EnvEntry] = &[
+    EnvEntry {
+        name: ticketmelt::NAME,
+        summary: "four engineers deploy fixes to two shared prod servers",
+        create: Some(ticketmelt::factory),
+    },
+    EnvEntry {
+        name: merge_ring::NAME,
+        summary: "vehicles on a ring signal, then commit to merge slots",
+        create: Some(merge_ring::factory),
+    },
+    EnvEntry {
+        name: "postmortem",
+        summary: "write an incident post-mortem from logs and Slack",
+        create: None,
+    },
+    EnvEntry {
+        name: "whispers",
+        summary: "information triage among witnesses, relays and liars",
+        create: None,
+    },
+];
+
+/// Every registered name, in registry order.
+pub fn names() -> Vec<&'static str> {
+    REGISTRY.iter().map(|e| e.name).collect()
+}
+
+/// The registry row of `name`.
+pub fn entry(name: &str) -> Option<&'static EnvEntry> {
+    REGISTRY.iter().find(|e| e.name == name)
+}
+
+/// Build the factory for a registry name with its options.
+pub fn create(name: &str, options: &Options) -> anyhow::Result<Box<dyn EnvFactory>> {
+    match entry(name) {
+        Some(EnvEntry {
+            create: Some(make), ..
+        }) => make(options),
+        Some(_) => {
+            anyhow::bail!("environment `{name}` is registered but not built into this version yet")
         }
+        None => anyhow::bail!(
+            "unknown environment `{name}`; known: {}",
+            names().join(", ")
+        ),
     }
 }
 
-impl std::fmt::Debug for Decision {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Decision")
-            .field("env", &self.env.name())
-            .field("seat", &self.seat)
-            .field("seed", &self.seed)
-            .field("step", &self.step)
-            .finish()
-    }
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-/// Play one continuation step (one text per policy seat).
-fn continuation_step(env: &mut dyn Environment) -> bool {
-    let actions: Vec<String> = env
-        .policy_seats()
-        .into_iter()
-        .map(|s| env.continuation_action(s))
-        .collect();
-    env.step(&actions).is_ok()
-}
-
-/// A decision, a pure function of `seed`: reset with `seed`, measure the continuation
-/// rollout's length L on a copy, advance `k` uniform in `0..L` steps with the
-/// continuation policy, and pick uniformly among the policy seats that are still
-/// active (all policy seats if none is; `k = 0` if the seat list is empty there).
-pub fn sample_decision(factory: &dyn EnvFactory, seed: u64) -> Decision {
-    let base = factory.reset(seed);
-    let mut probe = base.clone_box();
-    let mut len = 0usize;
-    while !probe.done() && len < 100_000 {
-        if !continuation_step(probe.as_mut()) {
-            break;
+    /// Play `seed` with `text(step, seat)` for every acting seat; check the contract's
+    /// per-step outcome and return (summed step rewards, final rewards) per policy seat.
+    fn play_checked(
+        f: &dyn EnvFactory,
+        seed: u64,
+        text: impl Fn(usize, usize) -> String,
+        is_valid: impl Fn(&str) -> bool,
+    ) -> Vec<(f64, f64)> {
+        let mut env = f.reset(seed);
+        let seats = env.policy_seats();
+        let mut sums = vec![0.0; env.num_seats()];
+        let mut step = 0;
+        while !env.done() {
+            let acting = env.to_act();
+            assert_eq!(acting, seats, "simultaneous games: every policy seat acts");
+            let texts: Vec<String> = acting.iter().map(|&s| text(step, s)).collect();
+            let out = env.step(&texts).unwrap();
+            assert_eq!(out.seats, acting);
+            assert_eq!(out.rewards.len(), acting.len());
+            for (i, t) in texts.iter().enumerate() {
+                assert_eq!(out.valid[i], is_valid(t), "{t:?}");
+                assert_eq!(
+                    out.feedback[i].is_empty(),
+                    out.valid[i],
+                    "{:?}",
+                    out.feedback[i]
+                );
+                sums[out.seats[i]] += out.rewards[i];
+            }
+            step += 1;
         }
-        len += 1;
-    }
-    let r1 = crate::rng::splitmix64(seed ^ 0xD1B5_4A32_D192_ED03);
-    let r2 = crate::rng::splitmix64(r1);
-    let k = if len == 0 {
-        0
-    } else {
-        (r1 % len as u64) as usize
-    };
-    let mut env = base.clone_box();
-    let mut steps = 0;
-    while steps < k && !env.done() {
-        if !continuation_step(env.as_mut()) {
-            break;
-        }
-        steps += 1;
-    }
-    let mut seats: Vec<usize> = env
-        .policy_seats()
-        .into_iter()
-        .filter(|&s| env.seat_active(s))
-        .collect();
-    if seats.is_empty() {
-        seats = env.policy_seats();
-    }
-    if seats.is_empty() || env.done() {
-        env = base;
-        steps = 0;
-        seats = env.policy_seats();
-    }
-    let seat = if seats.is_empty() {
-        0
-    } else {
-        seats[(r2 % seats.len() as u64) as usize]
-    };
-    let messages = env.observation(seat);
-    Decision {
-        env,
-        seat,
-        messages,
-        seed,
-        step: steps,
-    }
-}
-
-/// Reward of `d.seat` after playing `completion` for it now (continuation policy for
-/// the other policy seats and for the rest of the episode). Deterministic.
-pub fn score_decision(d: &Decision, completion: &str) -> Reward {
-    score_joint(d.env.as_ref(), &[(d.seat, completion)])
-        .pop()
-        .unwrap_or_default()
-}
-
-/// Play the given completions for the given policy seats in the current step (the
-/// continuation policy for the other policy seats), roll out, and return each given
-/// seat's reward, in the order given.
-pub fn score_joint(env: &dyn Environment, completions: &[(usize, &str)]) -> Vec<Reward> {
-    let mut env = env.clone_box();
-    if !env.done() {
-        let actions: Vec<String> = env
-            .policy_seats()
-            .into_iter()
-            .map(|s| match completions.iter().find(|(seat, _)| *seat == s) {
-                Some((_, text)) => text.to_string(),
-                None => env.continuation_action(s),
-            })
-            .collect();
-        if env.step(&actions).is_err() {
-            let mut r = Reward::default();
-            r.components.insert("error".into(), 1.0);
-            return completions.iter().map(|_| r.clone()).collect();
-        }
-        env.rollout();
-    }
-    completions.iter().map(|(s, _)| env.reward(*s)).collect()
-}
-
-/// Episode seeds with this bit set are held out for evaluation: training draws its
-/// episodes from seeds without it ([`training_seed`]), `concord eval` from seeds with
-/// it ([`eval_seed`]), so the two never share an episode.
-pub const HELD_OUT_BIT: u64 = 1 << 63;
-
-/// A training episode seed (never a held-out one).
-pub fn training_seed(x: u64) -> u64 {
-    x & !HELD_OUT_BIT
-}
-
-/// The `i`-th held-out evaluation episode seed.
-pub fn eval_seed(i: u64) -> u64 {
-    HELD_OUT_BIT | (i & !HELD_OUT_BIT)
-}
-
-/// Play a whole episode from `seed`, asking `act(env, seat)` for every policy seat's
-/// text each step; returns the finished episode.
-pub fn play_episode(
-    factory: &dyn EnvFactory,
-    seed: u64,
-    mut act: impl FnMut(&mut dyn Environment, usize) -> anyhow::Result<String>,
-) -> anyhow::Result<Box<dyn Environment>> {
-    let mut env = factory.reset(seed);
-    let mut guard = 0;
-    while !env.done() {
-        let mut actions = Vec::new();
-        for s in env.policy_seats() {
-            actions.push(act(env.as_mut(), s)?);
-        }
-        env.step(&actions)?;
-        guard += 1;
-        anyhow::ensure!(guard < 1_000_000, "episode did not end");
-    }
-    Ok(env)
-}
-
-/// Rebuild an episode from a transcript's `seed` and `steps`.
-pub fn replay(
-    factory: &dyn EnvFactory,
-    transcript: &serde_json::Value,
-) -> anyhow::Result<Box<dyn Environment>> {
-    let seed = transcript
-        .get("seed")
-        .and_then(serde_json::Value::as_u64)
-        .ok_or_else(|| anyhow::anyhow!("transcript has no integer `seed`"))?;
-    let steps = transcript
-        .get("steps")
-        .and_then(serde_json::Value::as_array)
-        .ok_or_else(|| anyhow::anyhow!("transcript has no `steps` array"))?;
-    let mut env = factory.reset(seed);
-    for (i, step) in steps.iter().enumerate() {
-        let texts: Vec<String> = step
-            .as_array()
-            .ok_or_else(|| anyhow::anyhow!("step {i} is not an array"))?
+        assert!(env.to_act().is_empty());
+        seats
             .iter()
-            .map(|t| {
-                t.as_str()
-                    .map(str::to_string)
-                    .ok_or_else(|| anyhow::anyhow!("step {i}: non-string action"))
-            })
-            .collect::<anyhow::Result<_>>()?;
-        env.step(&texts)?;
+            .map(|&s| (sums[s], env.reward(s).scalar))
+            .collect()
     }
-    Ok(env)
+
+    #[test]
+    fn ticketmelt_step_outcomes() {
+        for pool in ["mixed", "self_play"] {
+            let mut o = Options::new();
+            o.insert("peers".into(), pool.into());
+            o.insert("reward".into(), "weighted".into());
+            o.insert("malformed_zero".into(), false.into());
+            let f = create("ticketmelt", &o).unwrap();
+            let texts = [
+                r#"{"commitment":"DEPLOY_PROD_B"}"#,
+                "DEPLOY_PROD_A please",
+                r#"{"commitment":"MONITOR","channel_msg":"x"}"#,
+                r#"{"commitment":"DEPLOY_PROD_A|DEPLOY_PROD_B|MONITOR"}"#,
+                "",
+            ];
+            for seed in 0..30 {
+                let got = play_checked(
+                    f.as_ref(),
+                    seed,
+                    |step, seat| texts[(step + seat + seed as usize) % texts.len()].to_string(),
+                    |t| ticketmelt::parse_action(t).format_ok,
+                );
+                for (sum, scalar) in got {
+                    assert_eq!(sum, scalar, "terminal step reward is the scalar");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn merge_ring_step_outcomes() {
+        let mut o = Options::new();
+        o.insert("self_play".into(), true.into());
+        let f = create("merge_ring", &o).unwrap();
+        let texts = [
+            "ACTION: early",
+            "late",
+            "??",
+            "early or late",
+            "ACTION: bypass",
+        ];
+        for seed in 0..30 {
+            let got = play_checked(
+                f.as_ref(),
+                seed,
+                |step, seat| texts[(step * 3 + seat + seed as usize) % texts.len()].to_string(),
+                |t| merge_ring::parse_action(t).1 != merge_ring::ParseOutcome::Default,
+            );
+            for (sum, scalar) in got {
+                assert!((sum - scalar).abs() < 1e-9, "{sum} vs {scalar}");
+            }
+        }
+    }
+
+    #[test]
+    fn registry_is_one_table() {
+        assert_eq!(
+            names(),
+            ["ticketmelt", "merge_ring", "postmortem", "whispers"]
+        );
+        for e in REGISTRY {
+            match create(e.name, &Options::new()) {
+                Ok(f) => {
+                    assert!(e.built());
+                    assert_eq!(f.name(), e.name);
+                    assert_eq!(f.reset(0).name(), e.name);
+                }
+                Err(err) => {
+                    assert!(!e.built());
+                    assert!(err.to_string().contains("not built"), "{err}");
+                }
+            }
+        }
+        let err = create("nope", &Options::new()).err().unwrap().to_string();
+        assert!(err.contains("known: ticketmelt, merge_ring"), "{err}");
+        assert_eq!(tools::list().lines().count(), REGISTRY.len());
+    }
 }

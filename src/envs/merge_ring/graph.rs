@@ -559,26 +559,22 @@ pub fn peak_rss_bytes() -> Option<u64> {
     Some(kb * 1024)
 }
 
-/// `concord envs graph merge_ring --agents N [--materialize] [--json]`.
-#[derive(clap::Args, Debug, Clone)]
-pub struct GraphArgs {
-    /// Environment name (only `merge_ring` has an exact graph).
-    pub env: String,
+/// What `concord envs graph` prints.
+#[derive(Debug, Clone)]
+pub struct GraphOptions {
     /// Number of vehicles (even, 2..=16).
-    #[arg(long, default_value_t = 4)]
     pub agents: usize,
     /// Materialise the edge table even above 6 vehicles (refused above a safe size).
-    #[arg(long)]
     pub materialize: bool,
     /// Print `{"agents":N,"states":S,"groups":G,"seconds":T}`.
-    #[arg(long)]
     pub json: bool,
 }
 
-/// Run the `graph` subcommand.
-pub fn run_graph(args: GraphArgs) -> anyhow::Result<()> {
-    if args.env != "merge_ring" {
-        bail!("`envs graph` supports only merge_ring, got `{}`", args.env);
+/// `concord envs graph ENV`: walk the exact graph of `env` (only merge_ring has one)
+/// and print its counts.
+pub fn run_graph(env: &str, args: &GraphOptions) -> anyhow::Result<()> {
+    if env != "merge_ring" {
+        bail!("`envs graph` supports only merge_ring, got `{env}`");
     }
     if args.agents < 2 || !args.agents.is_multiple_of(2) {
         bail!("--agents must be an even number >= 2, got {}", args.agents);
