@@ -219,7 +219,18 @@ fn sampling(cfg: &Config, greedy: bool, stop_ids: Vec<u32>) -> Result<SamplingPa
         Some(s) => crate::curriculum::resolve_config(cfg, s)?.grpo,
         None => cfg.grpo.clone(),
     };
-    let mut p = SamplingParams::from_grpo(&g, stop_ids, mix(cfg.run.seed, 0xE7A1));
+    let mut p = SamplingParams {
+        stop_token_ids: stop_ids,
+        seed: mix(cfg.run.seed, 0xE7A1),
+        ..SamplingParams::new(
+            g.temperature,
+            g.top_p,
+            g.top_k,
+            g.min_p,
+            g.repetition_penalty,
+            g.max_completion_length,
+        )
+    };
     if greedy {
         p.temperature = 0.0;
     }

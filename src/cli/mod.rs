@@ -1,6 +1,9 @@
 //! The `concord` command line. Thin: every clap type lives here, one file per command,
 //! and each command calls one library entry function. No library module knows clap.
 mod bench;
+pub mod generate;
+pub mod model;
+pub mod score;
 
 pub use bench::{BenchArgs, BenchCommand};
 use clap::{Parser, Subcommand};
@@ -21,11 +24,11 @@ pub enum Command {
     /// Inspect, play and benchmark the built-in environments.
     Envs(crate::envs::cli::EnvsArgs),
     /// Create model checkpoints (`model init-tiny`).
-    Model(crate::model::cli::ModelArgs),
+    Model(model::ModelArgs),
     /// Log-probabilities of a completion given a chat prompt (JSON).
-    Score(crate::model::cli::ScoreArgs),
+    Score(score::ScoreArgs),
     /// Sample completions for chat prompts (G per prompt; `--prompts FILE.jsonl` batches).
-    Generate(crate::sample::GenerateArgs),
+    Generate(generate::GenerateArgs),
     /// GRPO training: `concord train --config F [--set k=v]... [--resume DIR]`.
     Train(crate::grpo::trainer::TrainArgs),
     /// Play held-out episodes: reward components, win rates, 95% CIs (`--compare`: base vs adapter).
@@ -52,9 +55,9 @@ pub fn main() -> i32 {
 fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Envs(args) => crate::envs::cli::run(args),
-        Command::Model(args) => crate::model::cli::run_model(args),
-        Command::Score(args) => crate::model::cli::run_score(args),
-        Command::Generate(args) => crate::sample::run_generate(args),
+        Command::Model(args) => model::run(args),
+        Command::Score(args) => score::run(args),
+        Command::Generate(args) => generate::run(args),
         Command::Train(args) => crate::grpo::trainer::run_train(args),
         Command::Eval(args) => crate::eval::run_eval(args),
         Command::Bench(args) => bench::run(args),

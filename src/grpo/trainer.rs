@@ -16,7 +16,6 @@ use super::loss::{grpo_loss, LossInputs, LossParams, LossScale, LossStats};
 use super::optim::{clip_grad_norm, AdamW, AdamWParams, LrSchedule};
 use super::rollout::{micro_batches, pack, Rollout};
 use crate::atomic::atomic_write_bytes;
-use crate::chat::Message;
 use crate::config::Config;
 use crate::curriculum::{total_steps, Stage, StageLength};
 use crate::envs::{self, EnvFactory, Reward};
@@ -35,34 +34,9 @@ use std::time::Instant;
 
 // ------------------------------------------------------------------------ tasks
 
-/// Turns chat messages into prompt tokens and completion tokens into text (the
-/// tokenizer + chat template of the model; a plain id renderer in tests).
-pub trait Renderer: Send {
-    /// Chat template with the generation prompt, and its token ids.
-    fn render(&self, messages: &[Message]) -> Result<(String, Vec<u32>)>;
-    fn decode(&self, ids: &[u32]) -> Result<String>;
-    /// Tokens that end a completion.
-    fn stop_ids(&self) -> Vec<u32>;
-}
-
-/// A renderer without a tokenizer: text is the ids, no stop tokens (tests, toy tasks).
-pub struct IdRenderer;
-
-impl Renderer for IdRenderer {
-    fn render(&self, messages: &[Message]) -> Result<(String, Vec<u32>)> {
-        bail!("IdRenderer cannot render {} chat messages", messages.len())
-    }
-    fn decode(&self, ids: &[u32]) -> Result<String> {
-        Ok(ids
-            .iter()
-            .map(|i| i.to_string())
-            .collect::<Vec<_>>()
-            .join(" "))
-    }
-    fn stop_ids(&self) -> Vec<u32> {
-        Vec::new()
-    }
-}
+/// Chat rendering, decoding and stop tokens: the model's tokenizer, or [`IdRenderer`]
+/// (ids as text) in tests. One trait, shared with the sampler.
+pub use crate::model::tokenizer::{IdRenderer, Renderer};
 
 /// One prompt of a step: its token ids, readable text and whatever the task needs to
 /// score completions of it.
@@ -325,42 +299,22 @@ pub fn lora_config(cfg: &Config) -> LoraConfig {
     }
 }
 
-/// The model's tokenizer and chat template as a [`Renderer`].
-pub struct TokenizerRenderer(pub crate::model::tokenizer::Tokenizer);
-
-impl Renderer for TokenizerRenderer {
-    fn render(&self, messages: &[Message]) -> Result<(String, Vec<u32>)> {
-        let text = self.0.apply_chat_template(messages, true)?;
-        let ids = self.0.encode(&text)?;
-        Ok((text, ids))
-    }
-    fn decode(&self, ids: &[u32]) -> Result<String> {
-        self.0.decode(ids)
-    }
-    fn stop_ids(&self) -> Vec<u32> {
-        self.0.stop_token_ids().to_vec()
-    }
-}
-
 /// Load (creating the built-in tiny model first when `model.init_tiny` and the
 /// directory is absent) the configured model with a fresh LoRA adapter, and its
 /// renderer.
 pub fn load_model(cfg: &Config) -> Result<(Qwen2, Box<dyn Renderer>, String)> {
-    use crate::model::load::{load_checkpoint, ModelRef};
-    let device = cfg.model.candle_device()?;
+    use crate::model::load::{load_model, ModelSpec};
     let name = cfg.model.name.clone();
-    if cfg.model.init_tiny && !Path::new(&name).join("config.json").exists() {
-        eprintln!("creating the built-in tiny model in {name}");
-        crate::model::load::tiny::init_tiny(
-            &crate::model::load::tiny::TinySpec::default(),
-            Path::new(&name),
-        )?;
-    }
-    let mref = ModelRef::parse(&name)?;
-    let ck = load_checkpoint(&mref, Some(cfg.model.dtype.to_candle()), &device)
-        .with_context(|| format!("loading model {name}"))?;
-    let model = Qwen2::new(&ck.config, &ck.weights, Some(&lora_config(cfg)))?;
-    Ok((model, Box::new(TokenizerRenderer(ck.tokenizer)), name))
+    let m = load_model(&ModelSpec {
+        dtype: Some(cfg.model.dtype.to_candle()),
+        lora: Some(lora_config(cfg)),
+        init_tiny: cfg.model.init_tiny,
+        ..ModelSpec::new(&name, cfg.model.candle_device()?)
+    })?;
+    let tokenizer = m
+        .tokenizer
+        .ok_or_else(|| anyhow::anyhow!("{name} has no tokenizer"))?;
+    Ok((m.model, Box::new(tokenizer), name))
 }
 
 impl Trainer {
@@ -495,7 +449,19 @@ impl Trainer {
     }
 
     fn sampling_params(&self, seed: u64) -> SamplingParams {
-        SamplingParams::from_grpo(&self.current_stage().cfg.grpo, self.stop_ids.clone(), seed)
+        let g = &self.current_stage().cfg.grpo;
+        SamplingParams {
+            stop_token_ids: self.stop_ids.clone(),
+            seed,
+            ..SamplingParams::new(
+                g.temperature,
+                g.top_p,
+                g.top_k,
+                g.min_p,
+                g.repetition_penalty,
+                g.max_completion_length,
+            )
+        }
     }
 
     /// Train until `run.steps` (or an interrupt / `hooks.stop_after`).
@@ -1103,7 +1069,6 @@ pub struct BenchTrainArgs {
 
 /// `concord bench train`: LoRA forward + backward of a `[batch, seq]` batch.
 pub fn bench_train(a: BenchTrainArgs) -> Result<()> {
-    use crate::model::qwen2::{random_weights, Qwen2Config};
     let device = crate::config::parse_device(&a.device)?;
     let dtype = match a.dtype.as_str() {
         "f32" => DType::F32,
@@ -1122,22 +1087,12 @@ pub fn bench_train(a: BenchTrainArgs) -> Result<()> {
         use_rslora: false,
         init_seed: 0,
     };
-    let model = match a.model.as_str() {
-        "random:0.5b" | "random:tiny" => {
-            let cfg = if a.model == "random:0.5b" {
-                Qwen2Config::qwen25_05b()
-            } else {
-                Qwen2Config::tiny()
-            };
-            let w = random_weights(&cfg, 0, dtype, &device)?;
-            Qwen2::new(&cfg, &w, Some(&lora))?
-        }
-        name => {
-            let mref = crate::model::load::ModelRef::parse(name)?;
-            let ck = crate::model::load::load_checkpoint(&mref, Some(dtype), &device)?;
-            Qwen2::new(&ck.config, &ck.weights, Some(&lora))?
-        }
-    };
+    let model = crate::model::load::load_model(&crate::model::load::ModelSpec {
+        dtype: Some(dtype),
+        lora: Some(lora),
+        ..crate::model::load::ModelSpec::new(&a.model, device.clone())
+    })?
+    .model;
     // B (nonzero) LoRA B so the adapter path is not trivially zero.
     for (_, v) in model.lora_vars() {
         let t = v.as_tensor();
