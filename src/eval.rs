@@ -214,7 +214,7 @@ fn sampling(cfg: &Config, greedy: bool, stop_ids: Vec<u32>) -> Result<SamplingPa
         Some(s) => crate::config::stage::resolve_config(cfg, s)?.grpo,
         None => cfg.grpo.clone(),
     };
-    let mut p = SamplingParams::from_grpo(&g, stop_ids, mix(cfg.run.seed, 0xE7A1));
+    let mut p = g.sampling_params(stop_ids, mix(cfg.run.seed, 0xE7A1));
     if greedy {
         p.temperature = 0.0;
     }

@@ -5,44 +5,17 @@
 //! - [`EnvTask`]: one registry environment; each prompt is one policy seat's decision.
 //! - [`MixtureTask`]: several environments, each prompt's environment drawn by weight.
 //! - tests implement [`Task`] directly for toy rewards.
-use crate::chat::Message;
 use crate::config::Config;
 use crate::envs::{self, EnvFactory, Reward};
 use crate::model::qwen2::Qwen2;
 use crate::rng::mix_seeds as mix;
 use crate::sample::Completion;
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use std::any::Any;
-use std::path::Path;
 
-/// Turns chat messages into prompt tokens and completion tokens into text (the
-/// tokenizer + chat template of the model; a plain id renderer in tests).
-pub trait Renderer: Send {
-    /// Chat template with the generation prompt, and its token ids.
-    fn render(&self, messages: &[Message]) -> Result<(String, Vec<u32>)>;
-    fn decode(&self, ids: &[u32]) -> Result<String>;
-    /// Tokens that end a completion.
-    fn stop_ids(&self) -> Vec<u32>;
-}
-
-/// A renderer without a tokenizer: text is the ids, no stop tokens (tests, toy tasks).
-pub struct IdRenderer;
-
-impl Renderer for IdRenderer {
-    fn render(&self, messages: &[Message]) -> Result<(String, Vec<u32>)> {
-        bail!("IdRenderer cannot render {} chat messages", messages.len())
-    }
-    fn decode(&self, ids: &[u32]) -> Result<String> {
-        Ok(ids
-            .iter()
-            .map(|i| i.to_string())
-            .collect::<Vec<_>>()
-            .join(" "))
-    }
-    fn stop_ids(&self) -> Vec<u32> {
-        Vec::new()
-    }
-}
+/// Chat rendering, decoding and stop tokens: the model's tokenizer, or [`IdRenderer`]
+/// (ids as text) in tests. One trait, shared with the sampler.
+pub use crate::model::tokenizer::{IdRenderer, Renderer};
 
 /// One prompt of a step: its token ids, readable text and whatever the task needs to
 /// score completions of it.
@@ -208,40 +181,20 @@ impl Task for MixtureTask {
     }
 }
 
-/// The model's tokenizer and chat template as a [`Renderer`].
-pub struct TokenizerRenderer(pub crate::model::tokenizer::Tokenizer);
-
-impl Renderer for TokenizerRenderer {
-    fn render(&self, messages: &[Message]) -> Result<(String, Vec<u32>)> {
-        let text = self.0.apply_chat_template(messages, true)?;
-        let ids = self.0.encode(&text)?;
-        Ok((text, ids))
-    }
-    fn decode(&self, ids: &[u32]) -> Result<String> {
-        self.0.decode(ids)
-    }
-    fn stop_ids(&self) -> Vec<u32> {
-        self.0.stop_token_ids().to_vec()
-    }
-}
-
-/// Load (creating the built-in tiny model first when `model.init_tiny` and the
-/// directory is absent) the configured model with a fresh LoRA adapter, and its
-/// renderer.
+/// Load the configured model (creating the built-in tiny model first when
+/// `model.init_tiny` and the directory is absent) with a fresh LoRA adapter, and its
+/// tokenizer as the renderer.
 pub fn load_model(cfg: &Config) -> Result<(Qwen2, Box<dyn Renderer>, String)> {
-    use crate::model::load::{load_checkpoint, ModelRef};
-    let device = cfg.model.candle_device()?;
+    use crate::model::load::{load_model, ModelSpec};
     let name = cfg.model.name.clone();
-    if cfg.model.init_tiny && !Path::new(&name).join("config.json").exists() {
-        eprintln!("creating the built-in tiny model in {name}");
-        crate::model::load::tiny::init_tiny(
-            &crate::model::load::tiny::TinySpec::default(),
-            Path::new(&name),
-        )?;
-    }
-    let mref = ModelRef::parse(&name)?;
-    let ck = load_checkpoint(&mref, Some(cfg.model.dtype.to_candle()), &device)
-        .with_context(|| format!("loading model {name}"))?;
-    let model = Qwen2::new(&ck.config, &ck.weights, Some(&cfg.lora_config()))?;
-    Ok((model, Box::new(TokenizerRenderer(ck.tokenizer)), name))
+    let m = load_model(&ModelSpec {
+        dtype: Some(cfg.model.dtype.to_candle()),
+        lora: Some(cfg.lora_config()),
+        init_tiny: cfg.model.init_tiny,
+        ..ModelSpec::new(&name, cfg.model.candle_device()?)
+    })?;
+    let tokenizer = m
+        .tokenizer
+        .with_context(|| format!("{name} has no tokenizer"))?;
+    Ok((m.model, Box::new(tokenizer), name))
 }

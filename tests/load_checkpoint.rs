@@ -4,8 +4,8 @@ use std::path::Path;
 
 use candle_core::{DType, Device, Tensor};
 use concord::chat::Message;
-use concord::model::load::tiny::{init_tiny, TinyDType, TinySpec};
 use concord::model::load::{self, load_checkpoint, ModelRef};
+use concord::model::tiny::{init_tiny, TinyDType, TinySpec};
 use concord::model::tokenizer::Tokenizer;
 
 fn tiny(dir: &Path, spec: &TinySpec) {

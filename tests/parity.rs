@@ -12,10 +12,10 @@ use std::path::{Path, PathBuf};
 
 use candle_core::{DType, Device, IndexOp, Tensor};
 use concord::chat::Message;
-use concord::model::load::tiny::{init_tiny, TinySpec};
-use concord::model::load::{load_model, LoadedModel, ModelRef};
+use concord::model::load::{load_model, ModelSpec};
+use concord::model::tiny::{init_tiny, TinySpec};
 use concord::model::tokenizer::Tokenizer;
-use concord::model::Mode;
+use concord::model::{Mode, Qwen2};
 use serde_json::Value;
 
 fn fixtures() -> PathBuf {
@@ -48,6 +48,12 @@ fn messages(v: &Value) -> Vec<Message> {
     serde_json::from_value(v.clone()).unwrap()
 }
 
+/// A loaded checkpoint: the model and its tokenizer.
+struct LoadedModel {
+    model: Qwen2,
+    tokenizer: Tokenizer,
+}
+
 struct Fixture {
     json: Value,
     _dir: tempfile::TempDir,
@@ -77,17 +83,16 @@ impl Fixture {
     }
 
     fn load(&self, dtype: DType, adapter: bool) -> LoadedModel {
-        let mut m = load_model(
-            &ModelRef::Local(self.model_dir.clone()),
-            Some(dtype),
-            &Device::Cpu,
-            None,
-        )
+        let m = load_model(&ModelSpec {
+            dtype: Some(dtype),
+            adapter: adapter.then(|| self.adapter()),
+            ..ModelSpec::new(self.model_dir.to_string_lossy(), Device::Cpu)
+        })
         .unwrap();
-        if adapter {
-            m.model.load_adapter(&self.adapter()).unwrap();
+        LoadedModel {
+            model: m.model,
+            tokenizer: m.tokenizer.expect("checkpoints have a tokenizer"),
         }
-        m
     }
 
     fn cases(&self) -> &Vec<Value> {

@@ -1,5 +1,8 @@
 //! `concord bench`: sampling and training throughput.
-use clap::Subcommand;
+use clap::{Args, Subcommand};
+
+use super::generate::{ModelSelectArgs, SamplingArgs};
+use crate::sample::{BenchSampleOptions, ChooseOn};
 
 #[derive(clap::Args)]
 pub struct BenchArgs {
@@ -10,14 +13,14 @@ pub struct BenchArgs {
 #[derive(Subcommand)]
 pub enum BenchCommand {
     /// Sampling throughput: tokens/s, prefill tokens/s, peak memory.
-    Sample(crate::sample::BenchSampleArgs),
+    Sample(BenchSampleArgs),
     /// LoRA forward+backward throughput: tokens/s, seconds, peak RSS.
     Train(BenchTrainArgs),
 }
 
 pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     match args.command {
-        BenchCommand::Sample(a) => crate::sample::run_bench_sample(a),
+        BenchCommand::Sample(a) => run_sample(a),
         BenchCommand::Train(a) => crate::grpo::bench::bench_train(&a.options()?),
     }
 }
@@ -64,4 +67,86 @@ impl BenchTrainArgs {
             json: self.json,
         })
     }
+}
+
+#[derive(Args, Debug)]
+pub struct BenchSampleArgs {
+    #[command(flatten)]
+    pub model: ModelSelectArgs,
+    /// Number of distinct prompts (P).
+    #[arg(long, default_value_t = 1)]
+    pub prompts: usize,
+    /// Completions per prompt (G).
+    #[arg(long, default_value_t = 8)]
+    pub num_generations: usize,
+    /// New tokens per completion (exactly: stop tokens are suppressed).
+    #[arg(long, default_value_t = 64)]
+    pub new_tokens: usize,
+    /// Tokens per prompt (random ids, seeded).
+    #[arg(long, default_value_t = 100)]
+    pub prompt_tokens: usize,
+    /// Untimed warm-up runs before the measured one.
+    #[arg(long, default_value_t = 1)]
+    pub warmup: usize,
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
+    /// Where tokens are chosen: auto (host for CPU models, else the device), host, device.
+    #[arg(long, value_enum, default_value_t = ChooseOnArg::Auto)]
+    pub choose_on: ChooseOnArg,
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Where next tokens are chosen ([`ChooseOn`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum ChooseOnArg {
+    /// The host for a CPU model, the model's device otherwise.
+    #[default]
+    Auto,
+    /// Logits copied to the host, rows chosen in parallel threads: fastest on a CPU.
+    Host,
+    /// Tensor operations on the model's device; only tokens and their log-probs come
+    /// back: what a GPU wants.
+    Device,
+}
+
+impl From<ChooseOnArg> for ChooseOn {
+    fn from(a: ChooseOnArg) -> Self {
+        match a {
+            ChooseOnArg::Auto => ChooseOn::Auto,
+            ChooseOnArg::Host => ChooseOn::Host,
+            ChooseOnArg::Device => ChooseOn::Device,
+        }
+    }
+}
+
+fn run_sample(args: BenchSampleArgs) -> anyhow::Result<()> {
+    let r = crate::sample::bench(&BenchSampleOptions {
+        model: args.model.spec()?,
+        prompts: args.prompts,
+        num_generations: args.num_generations,
+        new_tokens: args.new_tokens,
+        prompt_tokens: args.prompt_tokens,
+        warmup: args.warmup,
+        sampling: args.sampling.overrides(),
+        choose_on: args.choose_on.into(),
+    })?;
+    if args.json {
+        println!("{}", r.to_json());
+    } else {
+        println!(
+            "P={} G={} rows={} prompt={} new={}: {:.1} tok/s overall ({:.1} tok/s decode), prefill {:.0} tok/s, {:.2}s, peak RSS {:.0} MiB",
+            r.prompts,
+            r.num_generations,
+            r.rows(),
+            r.prompt_tokens,
+            args.new_tokens,
+            r.tokens_per_s(),
+            r.decode_tokens_per_s(),
+            r.prefill_tokens_per_s(),
+            r.seconds,
+            r.peak_rss_mib.unwrap_or(0.0)
+        );
+    }
+    Ok(())
 }

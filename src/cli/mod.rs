@@ -4,7 +4,10 @@ mod bench;
 mod envs;
 mod eval;
 mod export;
+pub mod generate;
+pub mod model;
 mod plot;
+pub mod score;
 mod train;
 
 pub use bench::{BenchArgs, BenchCommand};
@@ -24,13 +27,13 @@ pub struct Cli {
 #[derive(Subcommand)]
 pub enum Command {
     /// Inspect, play and benchmark the built-in environments.
-    Envs(crate::cli::envs::EnvsArgs),
+    Envs(envs::EnvsArgs),
     /// Create model checkpoints (`model init-tiny`).
-    Model(crate::model::cli::ModelArgs),
+    Model(model::ModelArgs),
     /// Log-probabilities of a completion given a chat prompt (JSON).
-    Score(crate::model::cli::ScoreArgs),
+    Score(score::ScoreArgs),
     /// Sample completions for chat prompts (G per prompt; `--prompts FILE.jsonl` batches).
-    Generate(crate::sample::GenerateArgs),
+    Generate(generate::GenerateArgs),
     /// GRPO training: `concord train --config F [--set k=v]... [--resume DIR]`.
     Train(train::TrainArgs),
     /// Play held-out episodes: reward components, win rates, 95% CIs (`--compare`: base vs adapter).
@@ -56,10 +59,10 @@ pub fn main() -> i32 {
 
 fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
-        Command::Envs(args) => crate::cli::envs::run(args),
-        Command::Model(args) => crate::model::cli::run_model(args),
-        Command::Score(args) => crate::model::cli::run_score(args),
-        Command::Generate(args) => crate::sample::run_generate(args),
+        Command::Envs(args) => envs::run(args),
+        Command::Model(args) => model::run(args),
+        Command::Score(args) => score::run(args),
+        Command::Generate(args) => generate::run(args),
         Command::Train(args) => train::run(args),
         Command::Eval(args) => eval::run(args),
         Command::Bench(args) => bench::run(args),

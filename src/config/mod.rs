@@ -273,6 +273,25 @@ impl Default for GrpoConfig {
 }
 
 impl GrpoConfig {
+    /// The sampler's parameters for these keys, stopping at `stop_token_ids`.
+    pub fn sampling_params(
+        &self,
+        stop_token_ids: Vec<u32>,
+        seed: u64,
+    ) -> crate::sample::SamplingParams {
+        crate::sample::SamplingParams {
+            stop_token_ids,
+            seed,
+            ..crate::sample::SamplingParams::new(
+                self.temperature,
+                self.top_p,
+                self.top_k,
+                self.min_p,
+                self.repetition_penalty,
+                self.max_completion_length,
+            )
+        }
+    }
     pub fn epsilon_high(&self) -> f64 {
         self.epsilon_high.unwrap_or(self.epsilon)
     }

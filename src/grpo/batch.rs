@@ -6,7 +6,7 @@ use super::pack::Rollout;
 use crate::config::GrpoConfig;
 use crate::model::qwen2::Qwen2;
 use crate::rng::mix_seeds as mix;
-use crate::sample::{self, FinishReason, SamplingParams};
+use crate::sample::{self, FinishReason};
 use crate::task::{Renderer, Task, TaskPrompt};
 use anyhow::{bail, Result};
 use std::time::Instant;
@@ -53,7 +53,7 @@ pub fn collect(
 
     let t_gen = Instant::now();
     let prompt_ids: Vec<Vec<u32>> = prompts.iter().map(|p| p.ids.clone()).collect();
-    let params = SamplingParams::from_grpo(g, renderer.stop_ids(), mix(seed, 1));
+    let params = g.sampling_params(renderer.stop_ids(), mix(seed, 1));
     let decode = |ids: &[u32]| renderer.decode(ids);
     let groups = sample::sample_groups(model, &decode, &prompt_ids, gsize, &params, params.seed)?;
     let gen_secs = t_gen.elapsed().as_secs_f64();

@@ -1,7 +1,7 @@
 //! `concord bench train`: LoRA forward + backward throughput of a `[batch, seq]` batch
 //! (the training half of a GRPO step, without sampling).
 use crate::model::lora::{LoraConfig, LORA_TARGETS};
-use crate::model::qwen2::{random_weights, Mode, Qwen2, Qwen2Config};
+use crate::model::qwen2::Mode;
 use anyhow::{bail, Result};
 use candle_core::{DType, Device, Tensor};
 use std::time::Instant;
@@ -9,8 +9,8 @@ use std::time::Instant;
 /// What `concord bench train` measures.
 #[derive(Debug, Clone)]
 pub struct BenchTrainOptions {
-    /// Model directory or Hub id; `random:0.5b` / `random:tiny` build random weights of
-    /// that shape (no download).
+    /// Model directory, `.gguf` file or Hub id; `random:qwen2.5-0.5b` (alias
+    /// `random:0.5b`) / `random:tiny` build random weights of that shape (no download).
     pub model: String,
     pub batch: usize,
     pub seq: usize,
@@ -34,22 +34,12 @@ pub fn bench_train(a: &BenchTrainOptions) -> Result<()> {
         use_rslora: false,
         init_seed: 0,
     };
-    let model = match a.model.as_str() {
-        "random:0.5b" | "random:tiny" => {
-            let cfg = if a.model == "random:0.5b" {
-                Qwen2Config::qwen25_05b()
-            } else {
-                Qwen2Config::tiny()
-            };
-            let w = random_weights(&cfg, 0, a.dtype, device)?;
-            Qwen2::new(&cfg, &w, Some(&lora))?
-        }
-        name => {
-            let mref = crate::model::load::ModelRef::parse(name)?;
-            let ck = crate::model::load::load_checkpoint(&mref, Some(a.dtype), device)?;
-            Qwen2::new(&ck.config, &ck.weights, Some(&lora))?
-        }
-    };
+    let model = crate::model::load::load_model(&crate::model::load::ModelSpec {
+        dtype: Some(a.dtype),
+        lora: Some(lora),
+        ..crate::model::load::ModelSpec::new(&a.model, device.clone())
+    })?
+    .model;
     // Nonzero LoRA B so the adapter path is not trivially zero.
     for (_, v) in model.lora_vars() {
         let t = v.as_tensor();

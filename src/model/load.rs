@@ -7,15 +7,20 @@
 //! [`Qwen2Config`]; weights come from model.safetensors or a sharded index, are checked
 //! against the config (missing and mis-shaped tensors are named) and converted to the
 //! target dtype on the target device.
+//!
+//! [`load_model`] over a [`ModelSpec`] is the one way the commands, the trainer and eval
+//! get a model (checkpoints, `random:` shapes, the built-in tiny model, adapters).
 use std::path::{Path, PathBuf};
 
 use anyhow::{anyhow, bail, Context, Result};
 use candle_core::{DType, Device};
 use serde_json::Value as Json;
 
+use super::generation::{id_list, GenerationConfig};
 use super::lora::LoraConfig;
 use super::qwen2::{Qwen2, Qwen2Config};
-use super::tokenizer::Tokenizer;
+use super::tiny::{init_tiny, TinySpec};
+use super::tokenizer::{IdRenderer, Renderer, Tokenizer};
 
 pub use super::qwen2::Weights;
 
@@ -308,7 +313,7 @@ fn resolve_hub(repo_id: &str, revision: Option<&str>) -> Result<ModelFiles> {
 }
 
 // ---------------------------------------------------------------------------------------
-// config.json and generation_config.json
+// config.json
 // ---------------------------------------------------------------------------------------
 
 /// config.json beyond the architecture numbers.
@@ -334,18 +339,6 @@ fn get_usize(j: &Json, key: &str) -> Result<Option<usize>> {
 
 fn need_usize(j: &Json, key: &str) -> Result<usize> {
     get_usize(j, key)?.ok_or_else(|| anyhow!("config.json: missing {key}"))
-}
-
-/// An int or a list of ints (generation_config's eos_token_id).
-fn id_list(v: &Json) -> Vec<u32> {
-    match v {
-        Json::Number(n) => n.as_u64().map(|x| vec![x as u32]).unwrap_or_default(),
-        Json::Array(a) => a
-            .iter()
-            .filter_map(|x| x.as_u64().map(|x| x as u32))
-            .collect(),
-        _ => Vec::new(),
-    }
 }
 
 /// Parse config.json (transformers 4.x or 5.x dialect) of a Qwen2ForCausalLM.
@@ -443,47 +436,6 @@ pub fn read_config(path: &Path) -> Result<CheckpointConfig> {
     let text =
         std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     parse_config(&text).with_context(|| format!("in {}", path.display()))
-}
-
-/// generation_config.json (all fields optional).
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct GenerationConfig {
-    pub bos_token_id: Option<u32>,
-    /// `eos_token_id`: an int or a list in the file.
-    pub eos_token_ids: Vec<u32>,
-    pub pad_token_id: Option<u32>,
-    pub do_sample: Option<bool>,
-    pub temperature: Option<f64>,
-    pub top_p: Option<f64>,
-    pub top_k: Option<usize>,
-    pub min_p: Option<f64>,
-    pub repetition_penalty: Option<f64>,
-    pub max_new_tokens: Option<usize>,
-}
-
-impl GenerationConfig {
-    pub fn parse(text: &str) -> Result<Self> {
-        let j: Json =
-            serde_json::from_str(text).context("generation_config.json is not valid JSON")?;
-        Ok(Self {
-            bos_token_id: j["bos_token_id"].as_u64().map(|x| x as u32),
-            eos_token_ids: id_list(&j["eos_token_id"]),
-            pad_token_id: j["pad_token_id"].as_u64().map(|x| x as u32),
-            do_sample: j["do_sample"].as_bool(),
-            temperature: j["temperature"].as_f64(),
-            top_p: j["top_p"].as_f64(),
-            top_k: j["top_k"].as_u64().map(|x| x as usize),
-            min_p: j["min_p"].as_f64(),
-            repetition_penalty: j["repetition_penalty"].as_f64(),
-            max_new_tokens: j["max_new_tokens"].as_u64().map(|x| x as usize),
-        })
-    }
-
-    pub fn from_file(path: &Path) -> Result<Self> {
-        let text =
-            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-        Self::parse(&text).with_context(|| format!("in {}", path.display()))
-    }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -684,60 +636,191 @@ pub fn load_checkpoint(
     })
 }
 
-/// A loaded model: config, our Qwen2 (with LoRA when asked), tokenizer, generation config.
+// ---------------------------------------------------------------------------------------
+// The one way to get a model
+// ---------------------------------------------------------------------------------------
+
+/// The built-in architecture shapes of `random:SHAPE` models (random weights in memory,
+/// no files, no tokenizer: benchmarks).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BuiltinShape {
+    /// [`Qwen2Config::tiny`]: hidden 64, 2 layers, vocabulary 512.
+    Tiny,
+    /// [`Qwen2Config::qwen25_05b`]: Qwen2.5-0.5B's shape.
+    Qwen25_05B,
+}
+
+impl BuiltinShape {
+    /// `tiny` or `qwen2.5-0.5b` (canonical); `0.5b` is accepted as an alias of the latter.
+    pub fn parse(s: &str) -> Option<Self> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "tiny" => Some(Self::Tiny),
+            "qwen2.5-0.5b" | "0.5b" => Some(Self::Qwen25_05B),
+            _ => None,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Tiny => "tiny",
+            Self::Qwen25_05B => "qwen2.5-0.5b",
+        }
+    }
+
+    pub fn config(self) -> Qwen2Config {
+        match self {
+            Self::Tiny => Qwen2Config::tiny(),
+            Self::Qwen25_05B => Qwen2Config::qwen25_05b(),
+        }
+    }
+}
+
+/// Prefix of model names that build random weights of a [`BuiltinShape`].
+pub const RANDOM_PREFIX: &str = "random:";
+
+/// What to load: every command, the trainer and eval describe their model this way and
+/// call [`load_model`].
+#[derive(Debug, Clone)]
+pub struct ModelSpec {
+    /// A local checkpoint directory, a Hub id (`Qwen/Qwen2.5-0.5B-Instruct[@revision]`),
+    /// or `random:SHAPE` (`random:tiny`, `random:qwen2.5-0.5b`, alias `random:0.5b`):
+    /// random weights (seed 0) of a built-in shape, without tokenizer.
+    pub name: String,
+    /// Compute dtype; None: f32 for `random:` models, else [`default_dtype`] of `device`.
+    pub dtype: Option<DType>,
+    pub device: Device,
+    /// Fresh LoRA adapters (A seeded, B = 0).
+    pub lora: Option<LoraConfig>,
+    /// A PEFT adapter directory to load (adapter_model.safetensors +
+    /// adapter_config.json); its config replaces `lora`.
+    pub adapter: Option<PathBuf>,
+    /// Write the built-in tiny checkpoint ([`TinySpec::default`]) at `name` first when
+    /// that directory has no config.json.
+    pub init_tiny: bool,
+}
+
+impl ModelSpec {
+    /// `name` on `device` in its default dtype, without adapters.
+    pub fn new(name: impl Into<String>, device: Device) -> Self {
+        Self {
+            name: name.into(),
+            dtype: None,
+            device,
+            lora: None,
+            adapter: None,
+            init_tiny: false,
+        }
+    }
+
+    /// The shape of a `random:` name (None for checkpoints); an unknown shape is an error.
+    pub fn random_shape(&self) -> Result<Option<BuiltinShape>> {
+        match self.name.strip_prefix(RANDOM_PREFIX) {
+            None => Ok(None),
+            Some(shape) => BuiltinShape::parse(shape)
+                .map(Some)
+                .ok_or_else(|| anyhow!("unknown random model {shape:?} (tiny or qwen2.5-0.5b)")),
+        }
+    }
+}
+
+/// A loaded model: our Qwen2 (with LoRA when asked), its tokenizer and generation config.
 pub struct LoadedModel {
+    /// [`ModelSpec::name`].
+    pub name: String,
     pub config: Qwen2Config,
     pub model: Qwen2,
-    pub tokenizer: Tokenizer,
+    /// None for `random:` models.
+    pub tokenizer: Option<Tokenizer>,
+    /// Empty (all defaults) for `random:` models.
     pub generation_config: GenerationConfig,
-    pub info: CheckpointConfig,
-    pub files: ModelFiles,
+    /// config.json beyond the architecture (None for `random:` models).
+    pub info: Option<CheckpointConfig>,
+    /// The checkpoint's files (None for `random:` models).
+    pub files: Option<ModelFiles>,
     pub dtype: DType,
 }
 
-/// Load a checkpoint and build the model. `dtype` None → [`default_dtype`] of `device`;
-/// `lora` adds fresh adapters (A seeded, B = 0); load a saved PEFT adapter afterwards with
-/// `model.load_adapter(dir)` (or use [`load_model_with_adapter`]).
-pub fn load_model(
-    model: &ModelRef,
-    dtype: Option<DType>,
-    device: &Device,
-    lora: Option<&LoraConfig>,
-) -> Result<LoadedModel> {
-    let ck = load_checkpoint(model, dtype, device)?;
-    let qwen = Qwen2::new(&ck.config, &ck.weights, lora)
-        .with_context(|| format!("building the model from {model}"))?;
-    Ok(LoadedModel {
-        config: ck.config,
-        model: qwen,
-        tokenizer: ck.tokenizer,
-        generation_config: ck.generation_config,
-        info: ck.info,
-        files: ck.files,
-        dtype: ck.dtype,
-    })
+impl LoadedModel {
+    /// The tokenizer, or an error naming the model when it has none.
+    pub fn tokenizer(&self) -> Result<&Tokenizer> {
+        self.tokenizer
+            .as_ref()
+            .ok_or_else(|| anyhow!("{} has no tokenizer", self.name))
+    }
+
+    /// Text and chat rendering: the tokenizer, or ids as text for `random:` models.
+    pub fn renderer(&self) -> &dyn Renderer {
+        match &self.tokenizer {
+            Some(t) => t,
+            None => &IdRenderer,
+        }
+    }
+
+    /// Tokens that end a completion (none for `random:` models).
+    pub fn stop_token_ids(&self) -> Vec<u32> {
+        self.renderer().stop_ids()
+    }
 }
 
-/// [`load_model`] plus a PEFT adapter directory (adapter_model.safetensors +
-/// adapter_config.json), when given.
-pub fn load_model_with_adapter(
-    model: &ModelRef,
-    adapter: Option<&Path>,
-    dtype: Option<DType>,
-    device: &Device,
-) -> Result<LoadedModel> {
-    let mut m = load_model(model, dtype, device, None)?;
-    if let Some(dir) = adapter {
+/// Load the model `spec` names: create the tiny checkpoint when asked, resolve and read
+/// the checkpoint (or build random weights), build the model with `spec.lora`, then load
+/// `spec.adapter`.
+pub fn load_model(spec: &ModelSpec) -> Result<LoadedModel> {
+    let name = &spec.name;
+    let mut m = match spec.random_shape()? {
+        Some(shape) => {
+            if spec.init_tiny {
+                bail!("init_tiny needs a directory, not {name}");
+            }
+            if spec.adapter.is_some() {
+                bail!("an adapter needs a checkpoint, not {name}");
+            }
+            let config = shape.config();
+            let dtype = spec.dtype.unwrap_or(DType::F32);
+            check_dtype_supported(dtype, &spec.device)?;
+            let w = super::qwen2::random_weights(&config, 0, dtype, &spec.device)?;
+            let model = Qwen2::new(&config, &w, spec.lora.as_ref())
+                .with_context(|| format!("building the model {name}"))?;
+            LoadedModel {
+                name: name.clone(),
+                config,
+                model,
+                tokenizer: None,
+                generation_config: GenerationConfig::default(),
+                info: None,
+                files: None,
+                dtype,
+            }
+        }
+        None => {
+            if spec.init_tiny && !Path::new(name).join("config.json").exists() {
+                eprintln!("creating the built-in tiny model in {name}");
+                init_tiny(&TinySpec::default(), Path::new(name))?;
+            }
+            let mref = ModelRef::parse(name)?;
+            let ck = load_checkpoint(&mref, spec.dtype, &spec.device)
+                .with_context(|| format!("loading model {name}"))?;
+            let model = Qwen2::new(&ck.config, &ck.weights, spec.lora.as_ref())
+                .with_context(|| format!("building the model from {mref}"))?;
+            LoadedModel {
+                name: name.clone(),
+                config: ck.config,
+                model,
+                tokenizer: Some(ck.tokenizer),
+                generation_config: ck.generation_config,
+                info: Some(ck.info),
+                files: Some(ck.files),
+                dtype: ck.dtype,
+            }
+        }
+    };
+    if let Some(dir) = &spec.adapter {
         m.model
             .load_adapter(dir)
             .with_context(|| format!("loading the adapter {}", dir.display()))?;
     }
     Ok(m)
 }
-
-/// A tiny model subcommand lives beside the loader (src/model/tiny.rs).
-#[path = "tiny.rs"]
-pub mod tiny;
 
 #[cfg(test)]
 mod tests {

@@ -305,7 +305,7 @@ impl LoraLinear {
         // The first layer's input derives from no variable: give it no gradient (it
         // would be computed for nothing and stored in the gradient store).
         let x_tracked = x.track_op();
-        ops::attach3(x, a, b, y, "lora-linear", move |x, a, b, g| {
+        ops::attach([x, a, b], y, "lora-linear", move |[x, a, b], _y, g| {
             let g2 = g.reshape(((), out_f))?;
             let gf = g2.to_dtype(DType::F32)?;
             let xm = keep(x.to_dtype(DType::F32)?.reshape(((), in_f))?, &mask)?;
@@ -314,13 +314,13 @@ impl LoraLinear {
             let gh = (gf.matmul(b)? * s)?;
             let ga = gh.t()?.matmul(&xm)?;
             if !x_tracked {
-                return Ok((None, Some(ga), Some(gb)));
+                return Ok([None, Some(ga), Some(gb)]);
             }
             let gx_lora = keep(gh.matmul(a)?, &mask)?;
             let gx = (g2.matmul(&w)?.to_dtype(DType::F32)? + gx_lora)?
                 .to_dtype(x.dtype())?
                 .reshape(x.shape())?;
-            Ok((Some(gx), Some(ga), Some(gb)))
+            Ok([Some(gx), Some(ga), Some(gb)])
         })
     }
 

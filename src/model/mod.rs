@@ -1,12 +1,24 @@
 //! Qwen2 with LoRA adapters: our own differentiable implementation, checkpoint
-//! loading, tokenizer and chat template.
-pub mod cli;
+//! loading, tokenizer and chat template. The bottom of the house: nothing here knows an
+//! environment, a trainer, the sampler or the run configuration.
+//!
+//! - [`qwen2`], [`lora`], [`ops`], [`skinny`]: the network and its custom ops;
+//! - [`load`]: the one way to get a model ([`load::load_model`] over a [`load::ModelSpec`]);
+//! - [`tokenizer`]: tokenizer, chat template and the [`tokenizer::Renderer`] trait;
+//! - [`generation`]: the generation_config.json schema;
+//! - [`tiny`], [`adapter`]: deterministic random checkpoints and adapters (tests, parity);
+//! - [`score`]: log-probabilities of a completion (`concord score`).
+pub mod adapter;
+pub mod generation;
 pub mod load;
 pub mod lora;
 pub mod ops;
 pub mod qwen2;
+pub mod score;
 pub mod skinny;
+pub mod tiny;
 pub mod tokenizer;
 
 pub use lora::{LoraConfig, LORA_TARGETS};
 pub use qwen2::{random_weights, KvCache, Mode, Qwen2, Qwen2Config, TokenLogProbs, Weights};
+pub use score::score;

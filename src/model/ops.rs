@@ -19,7 +19,7 @@
 use candle_core::backend::BackendStorage;
 use candle_core::op::{Add, Mul};
 use candle_core::{
-    CpuStorage, CustomOp1, CustomOp2, DType, Layout, Result, Shape, Storage, Tensor, D,
+    CpuStorage, CustomOp1, CustomOp2, CustomOp3, DType, Layout, Result, Shape, Storage, Tensor, D,
 };
 use std::sync::Mutex;
 
@@ -367,14 +367,33 @@ impl Held {
 }
 
 type Grad = Option<Tensor>;
-type BwdFn = Box<dyn Fn(&Tensor, &Tensor, &Tensor) -> Result<Grad> + Send + Sync>;
-type Bwd2Fn = Box<dyn Fn(&Tensor, &Tensor, &Tensor) -> Result<(Grad, Grad)> + Send + Sync>;
-type Bwd3Fn =
-    Box<dyn Fn(&Tensor, &Tensor, &Tensor, &Tensor) -> Result<(Grad, Grad, Grad)> + Send + Sync>;
+type AttachBwd = Box<dyn Fn(&[Tensor], &Tensor, &Tensor) -> Result<Vec<Grad>> + Send + Sync>;
 
+/// A custom op over 1, 2 or 3 operands: its forward hands over the precomputed result,
+/// its backward is the caller's (on detached operands and result). One struct for every
+/// arity; the three candle traits below only unpack their arguments.
 struct Attach {
     held: Held,
-    bwd: BwdFn,
+    bwd: AttachBwd,
+}
+
+impl Attach {
+    fn backward<const N: usize>(
+        &self,
+        args: [&Tensor; N],
+        res: &Tensor,
+        g: &Tensor,
+    ) -> Result<[Grad; N]> {
+        let args: Vec<Tensor> = args.iter().map(|a| a.detach()).collect();
+        let grads = (self.bwd)(&args, &res.detach(), g)?;
+        let got = grads.len();
+        grads.try_into().map_err(|_| {
+            candle_core::Error::Msg(format!(
+                "{}: {got} gradients for {N} operands",
+                self.held.name
+            ))
+        })
+    }
 }
 
 impl CustomOp1 for Attach {
@@ -382,26 +401,22 @@ impl CustomOp1 for Attach {
         self.held.name
     }
 
-    fn cpu_fwd(&self, _s: &CpuStorage, _l: &Layout) -> Result<(CpuStorage, Shape)> {
+    fn cpu_fwd(&self, _: &CpuStorage, _: &Layout) -> Result<(CpuStorage, Shape)> {
         self.held.cpu_fwd()
     }
 
     #[cfg(feature = "cuda")]
-    fn cuda_fwd(&self, _s: &CudaStorage, _l: &Layout) -> Result<(CudaStorage, Shape)> {
+    fn cuda_fwd(&self, _: &CudaStorage, _: &Layout) -> Result<(CudaStorage, Shape)> {
         self.held.cuda_fwd()
     }
 
-    fn bwd(&self, arg: &Tensor, res: &Tensor, g: &Tensor) -> Result<Grad> {
-        (self.bwd)(&arg.detach(), &res.detach(), g)
+    fn bwd(&self, a: &Tensor, res: &Tensor, g: &Tensor) -> Result<Grad> {
+        let [ga] = self.backward([a], res, g)?;
+        Ok(ga)
     }
 }
 
-struct Attach2 {
-    held: Held,
-    bwd: Bwd2Fn,
-}
-
-impl CustomOp2 for Attach2 {
+impl CustomOp2 for Attach {
     fn name(&self) -> &'static str {
         self.held.name
     }
@@ -427,17 +442,13 @@ impl CustomOp2 for Attach2 {
         self.held.cuda_fwd()
     }
 
-    fn bwd(&self, a: &Tensor, b: &Tensor, _res: &Tensor, g: &Tensor) -> Result<(Grad, Grad)> {
-        (self.bwd)(&a.detach(), &b.detach(), g)
+    fn bwd(&self, a: &Tensor, b: &Tensor, res: &Tensor, g: &Tensor) -> Result<(Grad, Grad)> {
+        let [ga, gb] = self.backward([a, b], res, g)?;
+        Ok((ga, gb))
     }
 }
 
-struct Attach3 {
-    held: Held,
-    bwd: Bwd3Fn,
-}
-
-impl candle_core::CustomOp3 for Attach3 {
+impl CustomOp3 for Attach {
     fn name(&self) -> &'static str {
         self.held.name
     }
@@ -469,76 +480,44 @@ impl candle_core::CustomOp3 for Attach3 {
 
     fn bwd(
         &self,
-        a1: &Tensor,
-        a2: &Tensor,
-        a3: &Tensor,
-        _res: &Tensor,
+        a: &Tensor,
+        b: &Tensor,
+        c: &Tensor,
+        res: &Tensor,
         g: &Tensor,
     ) -> Result<(Grad, Grad, Grad)> {
-        (self.bwd)(&a1.detach(), &a2.detach(), &a3.detach(), g)
+        let [ga, gb, gc] = self.backward([a, b, c], res, g)?;
+        Ok((ga, gb, gc))
     }
 }
 
-/// Attach `y` (computed from `x` through detached ops) to the graph as a function of
-/// `x`; `bwd(x, y, grad_y)` returns `grad_x`. When `x` is not tracked, returns `y`.
-pub fn attach(
-    x: &Tensor,
+/// Attach `y` (computed from the operands `xs` through detached ops) to the graph as a
+/// function of them; `bwd(xs, y, grad_y)` returns one gradient per operand (None where
+/// an operand needs none). 1 to 3 operands. When no operand is tracked, returns `y`.
+pub fn attach<const N: usize>(
+    xs: [&Tensor; N],
     y: Tensor,
     name: &'static str,
-    bwd: impl Fn(&Tensor, &Tensor, &Tensor) -> Result<Grad> + Send + Sync + 'static,
+    bwd: impl Fn(&[Tensor; N], &Tensor, &Tensor) -> Result<[Grad; N]> + Send + Sync + 'static,
 ) -> Result<Tensor> {
-    if !x.track_op() {
+    if !xs.iter().any(|x| x.track_op()) {
         return Ok(y);
     }
-    x.apply_op1(Attach {
+    let op = Attach {
         held: Held::new(name, y)?,
-        bwd: Box::new(bwd),
-    })
-}
-
-/// [`attach`] with two operands: `bwd(x1, x2, grad_y)` returns both gradients.
-pub fn attach2(
-    x1: &Tensor,
-    x2: &Tensor,
-    y: Tensor,
-    name: &'static str,
-    bwd: impl Fn(&Tensor, &Tensor, &Tensor) -> Result<(Grad, Grad)> + Send + Sync + 'static,
-) -> Result<Tensor> {
-    if !(x1.track_op() || x2.track_op()) {
-        return Ok(y);
+        bwd: Box::new(move |args, y, g| {
+            let args: &[Tensor; N] = args.try_into().map_err(|_| {
+                candle_core::Error::Msg(format!("{name}: {} operands, expected {N}", args.len()))
+            })?;
+            Ok(bwd(args, y, g)?.into())
+        }),
+    };
+    match xs.as_slice() {
+        [a] => a.apply_op1(op),
+        [a, b] => a.apply_op2(b, op),
+        [a, b, c] => a.apply_op3(b, c, op),
+        _ => candle_core::bail!("attach {name}: {N} operands (1 to 3 supported)"),
     }
-    x1.apply_op2(
-        x2,
-        Attach2 {
-            held: Held::new(name, y)?,
-            bwd: Box::new(bwd),
-        },
-    )
-}
-
-/// [`attach`] with three operands (a fused LoRA linear: input, A, B).
-pub fn attach3(
-    x1: &Tensor,
-    x2: &Tensor,
-    x3: &Tensor,
-    y: Tensor,
-    name: &'static str,
-    bwd: impl Fn(&Tensor, &Tensor, &Tensor, &Tensor) -> Result<(Grad, Grad, Grad)>
-        + Send
-        + Sync
-        + 'static,
-) -> Result<Tensor> {
-    if !(x1.track_op() || x2.track_op() || x3.track_op()) {
-        return Ok(y);
-    }
-    x1.apply_op3(
-        x2,
-        x3,
-        Attach3 {
-            held: Held::new(name, y)?,
-            bwd: Box::new(bwd),
-        },
-    )
 }
 
 // ---------------------------------------------------------------------------------------
@@ -581,7 +560,7 @@ pub fn silu_mul(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
     };
     let need = (gate.track_op(), up.track_op());
     let bwd =
-        move |g: &Tensor, u: &Tensor, gy: &Tensor| -> Result<(Option<Tensor>, Option<Tensor>)> {
+        move |[g, u]: &[Tensor; 2], _y: &Tensor, gy: &Tensor| -> Result<[Option<Tensor>; 2]> {
             let (dg, du) = match (cpu_f32(g), cpu_f32(u), cpu_f32(gy)) {
                 (Some(gv), Some(uv), Some(gyv)) => {
                     use rayon::prelude::*;
@@ -615,9 +594,9 @@ pub fn silu_mul(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
                     (dg.to_dtype(g.dtype())?, du.to_dtype(g.dtype())?)
                 }
             };
-            Ok((need.0.then_some(dg), need.1.then_some(du)))
+            Ok([need.0.then_some(dg), need.1.then_some(du)])
         };
-    attach2(gate, up, y, "silu-mul", bwd)
+    attach([gate, up], y, "silu-mul", bwd)
 }
 
 // ---------------------------------------------------------------------------------------
@@ -634,7 +613,7 @@ pub fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> Result<Tensor> {
     let normed = xf.broadcast_mul(&rstd)?.to_dtype(dtype)?;
     let y = normed.broadcast_mul(weight)?;
     let w = weight.clone();
-    attach(x, y, "rms-norm", move |x, _y, g| {
+    attach([x], y, "rms-norm", move |[x], _y, g| {
         let xf = x.to_dtype(DType::F32)?;
         let n = xf.broadcast_mul(&rstd)?;
         let gn = g
@@ -642,7 +621,7 @@ pub fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> Result<Tensor> {
             .broadcast_mul(&w.to_dtype(DType::F32)?)?;
         let dot = (&gn * &n)?.mean_keepdim(D::Minus1)?;
         let gx = gn.sub(&n.broadcast_mul(&dot)?)?.broadcast_mul(&rstd)?;
-        Ok(Some(gx.to_dtype(x.dtype())?))
+        Ok([Some(gx.to_dtype(x.dtype())?)])
     })
 }
 
@@ -655,10 +634,10 @@ pub fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
     let xd = x.detach().contiguous()?;
     let y = candle_nn::rotary_emb::rope(&xd, cos, sin)?;
     let (cos, sin) = (cos.clone(), sin.clone());
-    attach(x, y, "rope", move |_x, _y, g| {
+    attach([x], y, "rope", move |_x, _y, g| {
         // The transpose of a rotation by theta is a rotation by -theta.
         let g = g.contiguous()?;
-        Ok(Some(candle_nn::rotary_emb::rope(&g, &cos, &sin.neg()?)?))
+        Ok([Some(candle_nn::rotary_emb::rope(&g, &cos, &sin.neg()?)?)])
     })
 }
 
@@ -686,12 +665,12 @@ pub fn masked_softmax(scores: &Tensor, mask: &Tensor, scale: f64) -> Result<Tens
     let p = candle_nn::ops::softmax_last_dim(&s)?
         .reshape((b, kvh, gt, tk))?
         .to_dtype(dtype)?;
-    attach(scores, p, "masked-softmax", move |_s, p, g| {
+    attach([scores], p, "masked-softmax", move |_s, p, g| {
         let pf = p.to_dtype(DType::F32)?;
         let gf = g.to_dtype(DType::F32)?;
         let dot = (&gf * &pf)?.sum_keepdim(D::Minus1)?;
         let gs = ((gf.broadcast_sub(&dot)? * pf)? * scale)?;
-        Ok(Some(gs.to_dtype(dtype)?))
+        Ok([Some(gs.to_dtype(dtype)?)])
     })
 }
 
@@ -823,7 +802,7 @@ pub fn chunked_token_logprobs_cached(
         None
     };
     let w = w.clone();
-    let logp = attach(h, logp, "chunked-logprobs", move |h, _y, g| {
+    let logp = attach([h], logp, "chunked-logprobs", move |[h], _y, g| {
         let dtype = h.dtype();
         let h = h.contiguous()?;
         let g = g.to_dtype(DType::F32)?;
@@ -846,7 +825,7 @@ pub fn chunked_token_logprobs_cached(
             parts.push((wt - pw)?.broadcast_mul(&gc)?.to_dtype(dtype)?);
             start += c;
         }
-        Ok(Some(Tensor::cat(&parts, 0)?))
+        Ok([Some(Tensor::cat(&parts, 0)?)])
     })?;
     Ok((logp, entropy))
 }

@@ -4,6 +4,11 @@
 //! add_generation_prompt=...)` (Jinja with `trim_blocks` and `lstrip_blocks`, Python string
 //! methods, `raise_exception`, `strftime_now`, a `tojson` like Python's `json.dumps`)
 //! followed by `tokenizer(text, add_special_tokens=False)`.
+//!
+//! [`Renderer`] is the one text interface over a model's vocabulary: the trainer renders
+//! prompts through it, the sampler decodes completions through it. [`Tokenizer`]
+//! implements it; so do [`IdRenderer`] (ids as text, for `random:` models and tests) and
+//! any `Fn(&[u32]) -> Result<String>` (a decoder alone).
 use std::collections::BTreeMap;
 use std::path::Path;
 
@@ -54,7 +59,7 @@ impl Tokenizer {
             anyhow::bail!("missing file tokenizer.json in {}", dir.display());
         }
         let gen_eos = match opt("generation_config.json") {
-            Some(p) => crate::model::load::GenerationConfig::from_file(&p)?.eos_token_ids,
+            Some(p) => super::generation::GenerationConfig::from_file(&p)?.eos_token_ids,
             None => Vec::new(),
         };
         Self::from_files(
@@ -239,6 +244,67 @@ impl Tokenizer {
 
     pub fn inner(&self) -> &tokenizers::Tokenizer {
         &self.inner
+    }
+}
+
+/// Chat messages to prompt tokens, completion tokens to text, and the stop tokens.
+pub trait Renderer {
+    /// Chat template with the generation prompt, and its token ids.
+    fn render(&self, messages: &[Message]) -> Result<(String, Vec<u32>)>;
+    /// Text of `ids`, special tokens included.
+    fn decode(&self, ids: &[u32]) -> Result<String>;
+    /// Tokens that end a completion.
+    fn stop_ids(&self) -> Vec<u32>;
+}
+
+impl Renderer for Tokenizer {
+    fn render(&self, messages: &[Message]) -> Result<(String, Vec<u32>)> {
+        let text = self.apply_chat_template(messages, true)?;
+        let ids = self.encode(&text)?;
+        Ok((text, ids))
+    }
+    fn decode(&self, ids: &[u32]) -> Result<String> {
+        Tokenizer::decode(self, ids)
+    }
+    fn stop_ids(&self) -> Vec<u32> {
+        self.stop_token_ids().to_vec()
+    }
+}
+
+/// A renderer without a tokenizer: text is the ids, no stop tokens (tests, toy tasks,
+/// `random:` models).
+pub struct IdRenderer;
+
+impl Renderer for IdRenderer {
+    fn render(&self, messages: &[Message]) -> Result<(String, Vec<u32>)> {
+        anyhow::bail!("IdRenderer cannot render {} chat messages", messages.len())
+    }
+    fn decode(&self, ids: &[u32]) -> Result<String> {
+        Ok(ids
+            .iter()
+            .map(|i| i.to_string())
+            .collect::<Vec<_>>()
+            .join(" "))
+    }
+    fn stop_ids(&self) -> Vec<u32> {
+        Vec::new()
+    }
+}
+
+/// A bare decoder (a closure) is a renderer that cannot render chats and has no stop
+/// tokens.
+impl<F: Fn(&[u32]) -> Result<String>> Renderer for F {
+    fn render(&self, messages: &[Message]) -> Result<(String, Vec<u32>)> {
+        anyhow::bail!(
+            "a bare decoder cannot render {} chat messages",
+            messages.len()
+        )
+    }
+    fn decode(&self, ids: &[u32]) -> Result<String> {
+        self(ids)
+    }
+    fn stop_ids(&self) -> Vec<u32> {
+        Vec::new()
     }
 }
 

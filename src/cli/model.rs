@@ -1,11 +1,12 @@
-//! `concord model ...` and `concord score` command handlers.
+//! `concord model init-tiny` and `concord model init-adapter`.
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
 
-use super::load::tiny::{init_tiny, TinyDType, TinySpec};
-use super::load::{load_model, load_model_with_adapter, parse_dtype, LoadedModel, ModelRef};
+use crate::model::adapter::{init_adapter, InitAdapterOptions};
+use crate::model::tiny::{init_tiny, TinyDType, TinySpec};
+use crate::model::LoraConfig;
 
 #[derive(Args)]
 pub struct ModelArgs {
@@ -95,6 +96,7 @@ impl InitTinyArgs {
     pub fn spec(&self) -> Result<TinySpec> {
         let mut spec = match self.shape.to_ascii_lowercase().as_str() {
             "tiny" => TinySpec::default(),
+            // `0.5b`: a documented alias (the `random:` model names accept it too)
             "qwen2.5-0.5b" | "0.5b" => TinySpec::qwen25_0_5b(),
             other => anyhow::bail!("unknown --shape {other:?} (tiny or qwen2.5-0.5b)"),
         };
@@ -122,31 +124,30 @@ impl InitTinyArgs {
     }
 }
 
-#[derive(Args)]
-pub struct ScoreArgs {
-    /// Local model directory or Hub id (`Qwen/Qwen2.5-0.5B-Instruct[@revision]`).
-    #[arg(long)]
-    pub model: String,
-    /// LoRA adapter directory (adapter_model.safetensors + adapter_config.json, PEFT format).
-    #[arg(long)]
-    pub adapter: Option<PathBuf>,
-    /// JSON file: a list of {"role", "content"} messages (the prompt).
-    #[arg(long)]
-    pub messages: PathBuf,
-    /// The completion text to score (tokenized without special tokens).
-    #[arg(long)]
-    pub completion: String,
-    /// Compute dtype: auto (f32 on CPU, bf16 on CUDA sm_80+, f16 older), f32, bf16, f16.
-    #[arg(long, default_value = "auto")]
-    pub dtype: String,
-    /// cpu, cuda, cuda:N, or auto (CUDA when built with it and available).
-    #[arg(long, default_value = "auto")]
-    pub device: String,
-}
-
-pub fn run_model(args: ModelArgs) -> Result<()> {
+pub fn run(args: ModelArgs) -> Result<()> {
     match args.command {
-        ModelCommand::InitAdapter(a) => init_adapter(&a),
+        ModelCommand::InitAdapter(a) => {
+            init_adapter(&InitAdapterOptions {
+                model: a.model.clone(),
+                out: a.out.clone(),
+                lora: LoraConfig {
+                    r: a.r,
+                    alpha: a.alpha,
+                    dropout: 0.0,
+                    target_modules: a
+                        .targets
+                        .split(',')
+                        .map(|t| t.trim().to_string())
+                        .filter(|t| !t.is_empty())
+                        .collect(),
+                    use_rslora: a.rslora,
+                    init_seed: a.seed,
+                },
+                b_std: a.b_std,
+            })?;
+            eprintln!("wrote the adapter to {}", a.out.display());
+            Ok(())
+        }
         ModelCommand::InitTiny(a) => {
             let spec = a.spec()?;
             let files = init_tiny(&spec, &a.out)
@@ -175,94 +176,4 @@ pub fn run_model(args: ModelArgs) -> Result<()> {
             Ok(())
         }
     }
-}
-
-fn init_adapter(a: &InitAdapterArgs) -> Result<()> {
-    use rand::SeedableRng;
-    let device = candle_core::Device::Cpu;
-    let lora = crate::model::LoraConfig {
-        r: a.r,
-        alpha: a.alpha,
-        dropout: 0.0,
-        target_modules: a
-            .targets
-            .split(',')
-            .map(|t| t.trim().to_string())
-            .filter(|t| !t.is_empty())
-            .collect(),
-        use_rslora: a.rslora,
-        init_seed: a.seed,
-    };
-    let m = load_model(
-        &ModelRef::parse(&a.model)?,
-        Some(candle_core::DType::F32),
-        &device,
-        Some(&lora),
-    )?;
-    if a.b_std != 0.0 {
-        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(a.seed.wrapping_add(1));
-        for (name, var) in m.model.lora_vars() {
-            if name.contains("lora_B") {
-                let n = var.elem_count();
-                let vals: Vec<f32> = (0..n)
-                    .map(|_| (a.b_std * crate::model::qwen2::normal(&mut rng) as f64) as f32)
-                    .collect();
-                let t = candle_core::Tensor::from_vec(vals, var.dims(), &device)?;
-                var.set(&t)?;
-            }
-        }
-    }
-    m.model.save_adapter(&a.out, &a.model)?;
-    eprintln!("wrote the adapter to {}", a.out.display());
-    Ok(())
-}
-
-/// The `score` computation: prompt ids (chat template with the generation prompt),
-/// completion ids (no special tokens) and ln p(completion_ids[i] | everything before).
-pub fn score(
-    m: &LoadedModel,
-    messages: &[crate::chat::Message],
-    completion: &str,
-) -> Result<(Vec<u32>, Vec<u32>, Vec<f32>)> {
-    let prompt_ids = m.tokenizer.encode_chat(messages, true)?;
-    let completion_ids = m.tokenizer.encode(completion)?;
-    if prompt_ids.is_empty() {
-        anyhow::bail!("the chat template rendered an empty prompt");
-    }
-    if completion_ids.is_empty() {
-        return Ok((prompt_ids, completion_ids, Vec::new()));
-    }
-    let all: Vec<u32> = prompt_ids.iter().chain(&completion_ids).copied().collect();
-    let device = m.model.device().clone();
-    let t = candle_core::Tensor::new(all.as_slice(), &device)?.unsqueeze(0)?;
-    let lp = m
-        .model
-        .sequence_logprobs(&t, None, crate::model::Mode::Detached, 1.0, false)?
-        .logprobs
-        .narrow(1, prompt_ids.len() - 1, completion_ids.len())?
-        .squeeze(0)?
-        .to_dtype(candle_core::DType::F32)?
-        .to_vec1::<f32>()?;
-    Ok((prompt_ids, completion_ids, lp))
-}
-
-pub fn run_score(args: ScoreArgs) -> Result<()> {
-    let device = crate::config::parse_device(&args.device)?;
-    let dtype = parse_dtype(&args.dtype, &device)?;
-    let messages = crate::chat::read_messages(&args.messages)?;
-    let m = load_model_with_adapter(
-        &ModelRef::parse(&args.model)?,
-        args.adapter.as_deref(),
-        Some(dtype),
-        &device,
-    )?;
-    let (prompt_ids, completion_ids, logprobs) = score(&m, &messages, &args.completion)?;
-    // Keys in the documented order (prompt_ids, completion_ids, logprobs).
-    println!(
-        "{{\"prompt_ids\":{},\"completion_ids\":{},\"logprobs\":{}}}",
-        serde_json::to_string(&prompt_ids)?,
-        serde_json::to_string(&completion_ids)?,
-        serde_json::to_string(&logprobs)?
-    );
-    Ok(())
 }
