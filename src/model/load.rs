@@ -46,7 +46,7 @@ impl ModelRef {
             bail!("empty model reference");
         }
         let p = Path::new(s);
-        if p.is_dir() {
+        if p.is_dir() || super::gguf::is_gguf_path(p) {
             return Ok(Self::Local(p.to_path_buf()));
         }
         let looks_like_path = s.starts_with('/')
@@ -646,6 +646,11 @@ pub fn load_checkpoint(
     dtype: Option<DType>,
     device: &Device,
 ) -> Result<Checkpoint> {
+    if let ModelRef::Local(p) = model {
+        if super::gguf::is_gguf_path(p) {
+            return super::gguf::load_checkpoint(p, dtype, device);
+        }
+    }
     let files = resolve(model)?;
     let info = read_config(&files.config)?;
     let generation_config = match &files.generation_config {

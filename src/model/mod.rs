@@ -1,6 +1,7 @@
 //! Qwen2 with LoRA adapters: our own differentiable implementation, checkpoint
 //! loading, tokenizer and chat template.
 pub mod cli;
+pub mod gguf;
 pub mod load;
 pub mod lora;
 pub mod ops;
