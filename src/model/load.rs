@@ -38,8 +38,9 @@ pub enum ModelRef {
 }
 
 impl ModelRef {
-    /// An existing directory is local; `owner/name[@rev]` is a Hub id; anything that looks
-    /// like a path (`/`, `.`, `~` prefix, or more than one `/`) is a local directory.
+    /// An existing directory or a `.gguf` file is local; `owner/name[@rev]` is a Hub id;
+    /// anything that looks like a path (`/`, `.`, `~` prefix, or more than one `/`) is a
+    /// local directory.
     pub fn parse(s: &str) -> Result<Self> {
         let s = s.trim();
         if s.is_empty() {
