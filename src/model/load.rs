@@ -43,15 +43,16 @@ pub enum ModelRef {
 }
 
 impl ModelRef {
-    /// An existing directory is local; `owner/name[@rev]` is a Hub id; anything that looks
-    /// like a path (`/`, `.`, `~` prefix, or more than one `/`) is a local directory.
+    /// An existing directory or a `.gguf` file is local; `owner/name[@rev]` is a Hub id;
+    /// anything that looks like a path (`/`, `.`, `~` prefix, or more than one `/`) is a
+    /// local directory.
     pub fn parse(s: &str) -> Result<Self> {
         let s = s.trim();
         if s.is_empty() {
             bail!("empty model reference");
         }
         let p = Path::new(s);
-        if p.is_dir() {
+        if p.is_dir() || super::gguf::is_gguf_path(p) {
             return Ok(Self::Local(p.to_path_buf()));
         }
         let looks_like_path = s.starts_with('/')
@@ -598,6 +599,11 @@ pub fn load_checkpoint(
     dtype: Option<DType>,
     device: &Device,
 ) -> Result<Checkpoint> {
+    if let ModelRef::Local(p) = model {
+        if super::gguf::is_gguf_path(p) {
+            return super::gguf::load_checkpoint(p, dtype, device);
+        }
+    }
     let files = resolve(model)?;
     let info = read_config(&files.config)?;
     let generation_config = match &files.generation_config {
