@@ -34,10 +34,7 @@ fn tiny_model(dropout: f64) -> Qwen2 {
         r: 8,
         alpha: 16.0,
         dropout,
-        target_modules: concord::config::LORA_TARGETS
-            .iter()
-            .map(|s| s.to_string())
-            .collect(),
+        target_modules: crate::util::all_lora_targets(),
         use_rslora: false,
         init_seed: 3,
     };
@@ -374,7 +371,7 @@ fn resume_writes_the_same_rows() {
     assert_eq!(a_ad, b_ad);
 }
 
-/// `cargo test --test grpo_train bench_train -- --ignored --nocapture`: the numbers of
+/// `cargo test --test tests grpo_train::bench_train -- --ignored --nocapture`: the numbers of
 /// `concord bench train --model random:0.5b --batch 8 --seq 160 --json`.
 #[test]
 #[ignore = "benchmark (minutes on CPU)"]
@@ -394,8 +391,8 @@ fn bench_train_random_05b() {
 }
 
 /// The quickstart config end to end (built-in tiny model created on first use, real
-/// TICKETMELT prompts through the chat template): `cargo test --test grpo_train
-/// quickstart -- --ignored`.
+/// TICKETMELT prompts through the chat template): `cargo test --test tests
+/// grpo_train::quickstart -- --ignored`.
 #[test]
 #[ignore = "end to end, about a minute on CPU"]
 fn quickstart_config_trains() {

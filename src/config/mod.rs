@@ -161,7 +161,7 @@ pub fn parse_device(s: &str) -> Result<candle_core::Device> {
     }
 }
 
-pub use crate::model::lora::LORA_TARGETS;
+use crate::model::lora::LORA_TARGETS;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
