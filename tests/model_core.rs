@@ -143,15 +143,7 @@ fn finite_differences_agree_with_lora_gradient() {
             .iter()
             .map(|(_, v)| {
                 let g = grads.get(v.as_tensor()).unwrap();
-                let m = g
-                    .abs()
-                    .unwrap()
-                    .flatten_all()
-                    .unwrap()
-                    .max(0)
-                    .unwrap()
-                    .to_scalar::<f32>()
-                    .unwrap();
+                let m = crate::util::max_abs(g);
                 let r: Vec<f32> = (0..v.elem_count())
                     .map(|_| 0.5 + 0.5 * rng.gen::<f32>())
                     .collect();

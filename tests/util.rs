@@ -2,11 +2,9 @@
 use candle_core::{DType, Tensor};
 use std::process::Command;
 
-/// Largest absolute elementwise difference (compared in f32).
-pub fn max_abs_diff(a: &Tensor, b: &Tensor) -> f32 {
-    let a = a.to_dtype(DType::F32).unwrap();
-    let b = b.to_dtype(DType::F32).unwrap();
-    (a - b)
+/// Largest absolute element (in f32).
+pub fn max_abs(t: &Tensor) -> f32 {
+    t.to_dtype(DType::F32)
         .unwrap()
         .abs()
         .unwrap()
@@ -16,6 +14,13 @@ pub fn max_abs_diff(a: &Tensor, b: &Tensor) -> f32 {
         .unwrap()
         .to_scalar::<f32>()
         .unwrap()
+}
+
+/// Largest absolute elementwise difference (compared in f32).
+pub fn max_abs_diff(a: &Tensor, b: &Tensor) -> f32 {
+    let a = a.to_dtype(DType::F32).unwrap();
+    let b = b.to_dtype(DType::F32).unwrap();
+    max_abs(&(a - b).unwrap())
 }
 
 /// Every module LoRA can target, as a config list.
