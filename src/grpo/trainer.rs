@@ -134,7 +134,7 @@ impl Trainer {
             names.sort();
             names.dedup();
             if !names.is_empty() {
-                state.csv_header = log::csv_header(&names);
+                state.csv_header = log::csv_header(&names, dynamic_sampling(&stages));
             }
         }
         let total_steps = total_steps(&cfg, &stages);
@@ -301,7 +301,7 @@ impl Trainer {
         };
         if self.state.csv_header.is_empty() {
             let names: Vec<String> = row.components.keys().cloned().collect();
-            self.state.csv_header = log::csv_header(&names);
+            self.state.csv_header = log::csv_header(&names, dynamic_sampling(&self.stages));
         }
         log::append_row(&self.run_dir, &self.state.csv_header, &row)?;
         let samples = metrics::samples(
@@ -346,6 +346,11 @@ impl Trainer {
         self.model.save_adapter(&self.run_dir, &self.base_model)?;
         Ok(dir)
     }
+}
+
+/// Whether any stage draws prompts dynamically (the log then has its columns).
+fn dynamic_sampling(stages: &[Stage]) -> bool {
+    stages.iter().any(|s| s.cfg.grpo.dynamic_sampling)
 }
 
 /// What `concord train` needs.
