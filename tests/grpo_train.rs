@@ -688,3 +688,23 @@ fn dynamic_sampling_without_budget_is_plain_sampling() {
         }
     }
 }
+
+/// `concord bench grpo-step` on the quickstart config: every phase timed, and the
+/// update runs even though the random tiny model's groups all tie.
+#[test]
+fn bench_grpo_step_always_updates() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = Path::new(env!("CARGO_MANIFEST_DIR")).join("configs/quickstart.toml");
+    let r = concord::grpo::bench::bench_step(&concord::grpo::bench::BenchStepOptions {
+        config: cfg,
+        sets: vec!["grpo.max_completion_length=4".into()],
+        model: Some(dir.path().join("tiny").display().to_string()),
+        steps: 1,
+    })
+    .unwrap();
+    assert_eq!(r.steps, 1);
+    assert!(r.trained_tokens > 0.0, "{r:?}");
+    assert!(r.update_s > 0.0 && r.sampling_s > 0.0, "{r:?}");
+    assert!(r.seconds_per_step >= r.sampling_s + r.update_s, "{r:?}");
+    assert_eq!(r.completion_tokens, (2 * 4 * 4) as f64, "{r:?}");
+}

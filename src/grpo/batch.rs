@@ -28,6 +28,8 @@ pub struct Batch {
     pub advantages: Advantages,
     /// Seconds spent sampling.
     pub gen_secs: f64,
+    /// Seconds spent scoring completions (the environments).
+    pub score_secs: f64,
     /// Prompts drawn (more than `prompts.len()` with dynamic sampling).
     pub prompt_draws: usize,
     /// `frac_reward_zero_std` of every group drawn, before dynamic sampling kept some.
@@ -63,6 +65,13 @@ impl Group {
     }
 }
 
+/// Seconds spent sampling and scoring.
+#[derive(Default)]
+struct Timing {
+    sample: f64,
+    score: f64,
+}
+
 /// Draw `n` prompts with `seed` and sample and score G completions of each.
 fn draw(
     model: &Qwen2,
@@ -71,13 +80,17 @@ fn draw(
     g: &GrpoConfig,
     seed: u64,
     n: usize,
+    timing: &mut Timing,
 ) -> Result<Vec<Group>> {
     let gsize = g.num_generations;
     let prompts = task.prompts(seed, n, renderer)?;
     let prompt_ids: Vec<Vec<u32>> = prompts.iter().map(|p| p.ids.clone()).collect();
     let params = g.sampling_params(renderer.stop_ids(), mix(seed, 1));
     let decode = |ids: &[u32]| renderer.decode(ids);
+    let t = Instant::now();
     let samples = sample::sample_groups(model, &decode, &prompt_ids, gsize, &params, params.seed)?;
+    timing.sample += t.elapsed().as_secs_f64();
+    let t = Instant::now();
     let mut groups = Vec::with_capacity(prompts.len());
     for (pi, (prompt, comps)) in prompts.into_iter().zip(samples).enumerate() {
         if comps.len() != gsize {
@@ -105,6 +118,7 @@ fn draw(
         }
         groups.push(Group { prompt, rollouts });
     }
+    timing.score += t.elapsed().as_secs_f64();
     Ok(groups)
 }
 
@@ -120,9 +134,9 @@ pub fn collect(
 ) -> Result<Batch> {
     let want = g.prompts_per_step;
     let budget = g.prompt_draw_budget();
-    let t_gen = Instant::now();
+    let mut timing = Timing::default();
     // Round 0 draws exactly what a step without dynamic sampling draws.
-    let mut drawn = draw(model, renderer, task, g, seed, want)?;
+    let mut drawn = draw(model, renderer, task, g, seed, want, &mut timing)?;
     let mut round = 0u64;
     while g.dynamic_sampling
         && drawn.len() < budget
@@ -131,9 +145,17 @@ pub fn collect(
         round += 1;
         let missing = want - drawn.iter().filter(|d| d.has_signal()).count();
         let n = missing.min(budget - drawn.len());
-        drawn.extend(draw(model, renderer, task, g, mix(seed, 1000 + round), n)?);
+        let more = draw(
+            model,
+            renderer,
+            task,
+            g,
+            mix(seed, 1000 + round),
+            n,
+            &mut timing,
+        )?;
+        drawn.extend(more);
     }
-    let gen_secs = t_gen.elapsed().as_secs_f64();
 
     let prompt_draws = drawn.len();
     let frac_zero_std_drawn =
@@ -175,7 +197,8 @@ pub fn collect(
         prompts,
         rollouts,
         advantages,
-        gen_secs,
+        gen_secs: timing.sample,
+        score_secs: timing.score,
         prompt_draws,
         frac_zero_std_drawn,
     })
