@@ -46,6 +46,16 @@ pub enum Command {
     Export(export::ExportArgs),
 }
 
+/// A count flag that must be at least 1 (`--batch 0`, `--episodes 0` are refused by
+/// the parser, before anything runs).
+pub(crate) fn positive(s: &str) -> Result<usize, String> {
+    match s.trim().parse::<usize>() {
+        Ok(0) => Err("must be at least 1".into()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(format!("{e}")),
+    }
+}
+
 pub fn main() -> i32 {
     let cli = Cli::parse();
     match run(cli) {
@@ -68,5 +78,58 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Bench(args) => bench::run(args),
         Command::Plot(args) => plot::run(args),
         Command::Export(args) => export::run(args),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    /// Every argument of every subcommand has a description, and no rustdoc link
+    /// syntax leaks into the help.
+    #[test]
+    fn every_argument_is_described() {
+        fn walk(cmd: &clap::Command, path: &str, bad: &mut Vec<String>) {
+            for a in cmd.get_arguments() {
+                let id = a.get_id().as_str();
+                if id == "help" || id == "version" {
+                    continue;
+                }
+                let help = a
+                    .get_long_help()
+                    .or(a.get_help())
+                    .map(|h| h.to_string())
+                    .unwrap_or_default();
+                if help.trim().is_empty() {
+                    bad.push(format!("{path} {id}: no description"));
+                }
+                if help.contains("[`") {
+                    bad.push(format!("{path} {id}: rustdoc link in `{help}`"));
+                }
+                for v in a.get_possible_values() {
+                    let h = v.get_help().map(|h| h.to_string()).unwrap_or_default();
+                    if h.contains("[`") {
+                        bad.push(format!("{path} {id}={}: rustdoc link", v.get_name()));
+                    }
+                }
+            }
+            let about = cmd
+                .get_long_about()
+                .or(cmd.get_about())
+                .map(|h| h.to_string())
+                .unwrap_or_default();
+            if about.contains("[`") {
+                bad.push(format!("{path}: rustdoc link in `{about}`"));
+            }
+            for sub in cmd.get_subcommands() {
+                if sub.get_name() != "help" {
+                    walk(sub, &format!("{path} {}", sub.get_name()), bad);
+                }
+            }
+        }
+        let mut bad = Vec::new();
+        walk(&Cli::command(), "concord", &mut bad);
+        assert!(bad.is_empty(), "{}", bad.join("\n"));
     }
 }

@@ -419,6 +419,19 @@ pub fn parse_config(text: &str) -> Result<CheckpointConfig> {
         rms_norm_eps: j["rms_norm_eps"].as_f64().unwrap_or(1e-6),
         tie_word_embeddings: j["tie_word_embeddings"].as_bool().unwrap_or(false),
     };
+    let eps = qwen2.rms_norm_eps;
+    if !(eps > 0.0 && eps.is_finite()) {
+        bail!("config.json: rms_norm_eps must be a positive number, got {eps}");
+    }
+    if !(qwen2.rope_theta > 0.0 && qwen2.rope_theta.is_finite()) {
+        bail!(
+            "config.json: rope_theta must be a positive number, got {}",
+            qwen2.rope_theta
+        );
+    }
+    if qwen2.max_position_embeddings == 0 {
+        bail!("config.json: max_position_embeddings must be positive");
+    }
     let stored_dtype = j["dtype"]
         .as_str()
         .or_else(|| j["torch_dtype"].as_str())
@@ -570,6 +583,15 @@ pub fn load_weights(
     Ok(out)
 }
 
+/// Whether config.json sets `tie_word_embeddings` to false explicitly (absent means
+/// "tie when the weights have no head", as before).
+fn says_untied(config: &Path) -> bool {
+    std::fs::read_to_string(config)
+        .ok()
+        .and_then(|t| serde_json::from_str::<Json>(&t).ok())
+        .is_some_and(|j| j["tie_word_embeddings"] == Json::Bool(false))
+}
+
 fn display_files(files: &[PathBuf]) -> String {
     files
         .iter()
@@ -631,6 +653,14 @@ pub fn load_checkpoint(
     let dtype = dtype.unwrap_or_else(|| default_dtype(device));
     check_dtype_supported(dtype, device)?;
     let weights = load_weights(&files.weights, &mut config, dtype, device)?;
+    if config.tie_word_embeddings && !info.qwen2.tie_word_embeddings && says_untied(&files.config)
+    {
+        bail!(
+            "{} says tie_word_embeddings = false but the weights ({}) have no lm_head.weight",
+            files.config.display(),
+            display_files(&files.weights)
+        );
+    }
     Ok(Checkpoint {
         config,
         info,
@@ -768,6 +798,36 @@ impl LoadedModel {
     }
 }
 
+/// `init_tiny` creates a model only into an absent or empty directory: a directory
+/// with other files and no config.json is someone's data, never overwritten.
+fn check_empty_for_init_tiny(dir: &Path) -> Result<()> {
+    if !dir.exists() {
+        return Ok(());
+    }
+    if !dir.is_dir() {
+        bail!(
+            "init_tiny: {} exists and is not a directory; refusing to create the tiny model there",
+            dir.display()
+        );
+    }
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .with_context(|| format!("reading {}", dir.display()))?
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().to_string())
+        .collect();
+    if !names.is_empty() {
+        names.sort();
+        names.truncate(5);
+        bail!(
+            "init_tiny: {} is not empty ({}) and has no config.json; refusing to overwrite it \
+             (point model.name at an empty or absent directory)",
+            dir.display(),
+            names.join(", ")
+        );
+    }
+    Ok(())
+}
+
 /// Load the model `spec` names: create the tiny checkpoint when asked, resolve and read
 /// the checkpoint (or build random weights), build the model with `spec.lora`, then load
 /// `spec.adapter`.
@@ -800,6 +860,7 @@ pub fn load_model(spec: &ModelSpec) -> Result<LoadedModel> {
         }
         None => {
             if spec.init_tiny && !Path::new(name).join("config.json").exists() {
+                check_empty_for_init_tiny(Path::new(name))?;
                 eprintln!("creating the built-in tiny model in {name}");
                 init_tiny(&TinySpec::default(), Path::new(name))?;
             }
