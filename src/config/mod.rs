@@ -411,6 +411,12 @@ impl Config {
                 None => anyhow!("{origin}: {e:#}"),
             }
         })?;
+        if let (Some(env), true) = (&cfg.env, cfg.stages.is_empty()) {
+            // `[env.options]` are the environment's to check: build it once so a bad
+            // option fails here, with the file and the option's line.
+            crate::envs::create(&env.name, &env.options)
+                .map_err(|e| locate_env_error(text, origin, &e))?;
+        }
         Ok(cfg)
     }
 
@@ -775,7 +781,11 @@ impl Config {
             d(&sorted(&a.lora.targets)),
             d(&sorted(&b.lora.targets)),
         );
-        check("lora.use_rslora", d(&a.lora.use_rslora), d(&b.lora.use_rslora));
+        check(
+            "lora.use_rslora",
+            d(&a.lora.use_rslora),
+            d(&b.lora.use_rslora),
+        );
         check("run.seed", d(&a.run.seed), d(&b.run.seed));
         if a.optim.schedule != Schedule::Constant || b.optim.schedule != Schedule::Constant {
             check("run.steps", d(&a.run.steps), d(&b.run.steps));
@@ -837,35 +847,39 @@ impl Config {
 }
 
 /// Put a file name and line on an error raised while building the environments of
-/// `[env.options]` / `[stage.options.ENV]` from the config text `text` (read from
-/// `origin`): the line assigning the option the message names in backticks, else the
-/// line of the options table.
+/// `[env]` / `[env.options]` / `[stage.options.ENV]` from the config text `text` (read
+/// from `origin`): the line assigning the option (or naming the environment) the
+/// message quotes in backticks, else the line of the options table or of `[env]`.
 pub fn locate_env_error(text: &str, origin: &str, e: &anyhow::Error) -> anyhow::Error {
     let msg = format!("{e:#}");
-    let named: Vec<&str> = msg.split('`').skip(1).step_by(2).collect();
+    let quoted: Vec<&str> = msg.split('`').skip(1).step_by(2).collect();
+    let is_options = |h: &str| h == "env.options" || h.starts_with("stage.options");
     let mut current = String::new();
     let mut table_line = None;
     let mut key_line = None;
     for (i, line) in text.lines().enumerate() {
         if let Some(h) = header_name(line) {
-            current = h;
-            if table_line.is_none() && (current == "env.options" || current.starts_with("stage.options")) {
+            if table_line.is_none() && (is_options(&h) || h == "env") {
                 table_line = Some(i + 1);
             }
+            current = h;
             continue;
         }
-        let in_options = current == "env.options" || current.starts_with("stage.options");
-        if let Some((lhs, _)) = line.trim_start().split_once('=') {
-            let lhs = lhs.trim().trim_matches('"');
-            let lhs = lhs.strip_prefix("options.").unwrap_or(lhs);
-            if (in_options || current == "env") && named.contains(&lhs) && key_line.is_none() {
-                key_line = Some(i + 1);
-            }
+        let Some((lhs, rhs)) = line.trim_start().split_once('=') else {
+            continue;
+        };
+        let lhs = lhs.trim().trim_matches('"');
+        let lhs = lhs.strip_prefix("options.").unwrap_or(lhs);
+        let rhs = rhs.trim().trim_matches('"');
+        let hit = (is_options(&current) || current == "env") && quoted.contains(&lhs)
+            || (current == "env" && lhs == "name" && quoted.contains(&rhs));
+        if hit && key_line.is_none() {
+            key_line = Some(i + 1);
         }
     }
     match key_line.or(table_line) {
         Some(l) => anyhow!("{origin}: line {l}: {msg}"),
-        None => anyhow!("{origin}: [env.options]: {msg}"),
+        None => anyhow!("{origin}: [env]: {msg}"),
     }
 }
 

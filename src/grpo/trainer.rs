@@ -68,9 +68,7 @@ fn install_ctrlc() {
             eprintln!("\ninterrupted twice: exiting without a checkpoint");
             std::process::exit(130);
         }
-        eprintln!(
-            "\ninterrupted (signal): finishing the step, writing a checkpoint, then exiting"
-        );
+        eprintln!("\ninterrupted (signal): finishing the step, writing a checkpoint, then exiting");
     });
 }
 

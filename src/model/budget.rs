@@ -101,7 +101,10 @@ mod tests {
     fn too_long_and_too_big_are_errors() {
         let c = Qwen2Config::tiny();
         let e = check_positions(&c, 5000, "--max-new-tokens").unwrap_err();
-        assert!(e.to_string().contains("max_position_embeddings (4096)"), "{e}");
+        assert!(
+            e.to_string().contains("max_position_embeddings (4096)"),
+            "{e}"
+        );
         assert!(check_positions(&c, 4096, "x").is_ok());
         let e = check_memory(1e30, &Device::Cpu, "sampling").unwrap_err();
         assert!(e.to_string().contains("sampling needs about"), "{e}");

@@ -653,8 +653,7 @@ pub fn load_checkpoint(
     let dtype = dtype.unwrap_or_else(|| default_dtype(device));
     check_dtype_supported(dtype, device)?;
     let weights = load_weights(&files.weights, &mut config, dtype, device)?;
-    if config.tie_word_embeddings && !info.qwen2.tie_word_embeddings && says_untied(&files.config)
-    {
+    if config.tie_word_embeddings && !info.qwen2.tie_word_embeddings && says_untied(&files.config) {
         bail!(
             "{} says tie_word_embeddings = false but the weights ({}) have no lm_head.weight",
             files.config.display(),

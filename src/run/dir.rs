@@ -73,8 +73,7 @@ pub fn previous_run(run_dir: &Path) -> Result<Vec<String>> {
     if !run_dir.exists() {
         return Ok(found);
     }
-    for e in std::fs::read_dir(run_dir).with_context(|| format!("reading {}", run_dir.display()))?
-    {
+    for e in std::fs::read_dir(run_dir).with_context(|| format!("reading {}", run_dir.display()))? {
         let name = e?.file_name().to_string_lossy().to_string();
         if RUN_FILES.contains(&name.as_str())
             || name.starts_with("checkpoint-")
