@@ -602,13 +602,28 @@ fn bad_checkpoints_are_named_errors() {
     let d = tempfile::tempdir().unwrap();
     let m = edited_tiny(&d.path().join("a"), |j| j["rms_norm_eps"] = (-1.0).into());
     assert!(load_err(&m).contains("rms_norm_eps"));
+    // An explicitly untied config without lm_head.weight is tied, as before (pinned by
+    // tests/load_checkpoint.rs), but never silently: a warning names the file.
     let m = edited_tiny(&d.path().join("b"), |j| {
         j["tie_word_embeddings"] = false.into()
     });
-    let e = load_err(&m);
+    let msgs = d.path().join("m.json");
+    std::fs::write(&msgs, r#"[{"role":"user","content":"hi"}]"#).unwrap();
+    let (rc, err) = run(concord().args([
+        "score",
+        "--model",
+        m.to_str().unwrap(),
+        "--messages",
+        msgs.to_str().unwrap(),
+        "--completion",
+        "x",
+    ]));
+    assert_eq!(rc, Some(0), "{err}");
     assert!(
-        e.contains("tie_word_embeddings = false") && e.contains("lm_head.weight"),
-        "{e}"
+        err.contains("warning:")
+            && err.contains("config.json says tie_word_embeddings = false")
+            && err.contains("no lm_head.weight"),
+        "{err}"
     );
     // Corrupt safetensors: truncated, and a header length past the file.
     let m = edited_tiny(&d.path().join("c"), |_| {});

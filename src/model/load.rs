@@ -654,8 +654,11 @@ pub fn load_checkpoint(
     check_dtype_supported(dtype, device)?;
     let weights = load_weights(&files.weights, &mut config, dtype, device)?;
     if config.tie_word_embeddings && !info.qwen2.tie_word_embeddings && says_untied(&files.config) {
-        bail!(
-            "{} says tie_word_embeddings = false but the weights ({}) have no lm_head.weight",
+        // Tying is what this loader has always done here (tests/load_checkpoint.rs pins
+        // it); transformers would leave a random head. Never silently.
+        eprintln!(
+            "warning: {} says tie_word_embeddings = false but the weights ({}) have no \
+             lm_head.weight: the LM head is tied to the input embeddings",
             files.config.display(),
             display_files(&files.weights)
         );
