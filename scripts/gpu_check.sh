@@ -94,7 +94,7 @@ step bench-sample-p4-filters 120 "$BIN" bench sample --model random:qwen2.5-0.5b
   --top-k 50 --top-p 0.9 --repetition-penalty 1.1 --json
 step bench-train 120 "$BIN" bench train --model random:0.5b --device "$DEV" --dtype "$DTYPE" \
   --batch 8 --seq 160 --json
-step train-5 120 "$BIN" train --config configs/quickstart.toml --set run.steps=5 \
+step train-5 120 "$BIN" train --config configs/quickstart.toml --overwrite --set run.steps=5 \
   --set run.output_dir="\"$OUT/runs\"" --set model.device="\"$DEV\"" --set model.dtype="\"$DTYPE\""
 (cd "$OUT" && tar czf logs.tgz ./*.log)
 echo "=== done (status $status); logs in $OUT and $OUT/logs.tgz"

@@ -21,3 +21,17 @@ pub fn thread_cpu_seconds() -> Option<f64> {
     let ns: u64 = s.split_whitespace().next()?.parse().ok()?;
     Some(ns as f64 * 1e-9)
 }
+
+/// Memory the kernel can still give without swapping (MemAvailable), in bytes; `None`
+/// where unknown.
+pub fn available_memory_bytes() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let kb: u64 = s
+        .lines()
+        .find(|l| l.starts_with("MemAvailable:"))?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()?;
+    Some(kb * 1024)
+}

@@ -408,6 +408,7 @@ fn quickstart_config_trains() {
             "run.save_every=2".into(),
         ],
         resume: None,
+        overwrite: false,
     })
     .unwrap();
     eprintln!("quickstart: 3 steps in {:.1}s", t0.elapsed().as_secs_f64());
@@ -564,6 +565,7 @@ temperature = 0.7
         config: Some(cfg_path),
         sets: vec![],
         resume: None,
+        overwrite: false,
     })
     .unwrap();
     let run = dir.path().join("cur");

@@ -12,5 +12,6 @@ mod load_checkpoint;
 mod model_core;
 mod parity;
 mod plot;
+mod reliability;
 mod sample_model;
 mod ticketmelt;

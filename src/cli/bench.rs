@@ -71,19 +71,25 @@ pub struct BenchTrainArgs {
     /// that shape (no download).
     #[arg(long)]
     pub model: String,
-    #[arg(long, default_value_t = 8)]
+    /// Sequences per forward+backward (>= 1).
+    #[arg(long, default_value_t = 8, value_parser = super::positive)]
     pub batch: usize,
-    #[arg(long, default_value_t = 160)]
+    /// Tokens per sequence (>= 2).
+    #[arg(long, default_value_t = 160, value_parser = super::positive)]
     pub seq: usize,
     /// Timed iterations (after one warm-up).
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value_t = 2, value_parser = super::positive)]
     pub iters: usize,
+    /// Compute dtype: f32, bf16 or f16.
     #[arg(long, default_value = "f32")]
     pub dtype: String,
+    /// cpu, cuda or cuda:N.
     #[arg(long, default_value = "cpu")]
     pub device: String,
-    #[arg(long, default_value_t = 16)]
+    /// LoRA rank of the adapter on every target module.
+    #[arg(long, default_value_t = 16, value_parser = super::positive)]
     pub r: usize,
+    /// Print the result as one JSON object.
     #[arg(long)]
     pub json: bool,
 }
@@ -133,6 +139,7 @@ pub struct BenchSampleArgs {
     /// Where tokens are chosen: auto (host for CPU models, else the device), host, device.
     #[arg(long, value_enum, default_value_t = ChooseOnArg::Auto)]
     pub choose_on: ChooseOnArg,
+    /// Print the result as one JSON object.
     #[arg(long)]
     pub json: bool,
 }

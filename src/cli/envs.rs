@@ -65,8 +65,8 @@ pub enum EnvsCommand {
     Baseline {
         /// Environment name (see `concord envs list`).
         name: String,
-        /// Episodes per policy x pool row.
-        #[arg(long, default_value_t = 2000)]
+        /// Episodes per policy x pool row (>= 1).
+        #[arg(long, default_value_t = 2000, value_parser = super::positive)]
         episodes: usize,
         /// First episode seed (episodes use seeds first..first+N).
         #[arg(long, default_value_t = 0)]
@@ -106,7 +106,8 @@ pub enum EnvsCommand {
 pub struct GraphArgs {
     /// Environment name (only `merge_ring` has an exact graph).
     pub env: String,
-    /// Number of vehicles (even, 2..=16).
+    /// Number of vehicles (even, 2..=10; n = 10 takes about 15 s, each 2 more about 80x
+    /// longer, so larger rings are refused).
     #[arg(long, default_value_t = 4)]
     pub agents: usize,
     /// Materialise the edge table even above 6 vehicles (refused above a safe size).

@@ -19,7 +19,7 @@ pub struct EvalArgs {
     #[arg(long, conflicts_with = "base")]
     pub compare: bool,
     /// Episodes per environment.
-    #[arg(long, default_value_t = 100)]
+    #[arg(long, default_value_t = 100, value_parser = super::positive)]
     pub episodes: usize,
     /// Index of the first held-out episode: `--first-seed 100 --episodes 100` plays
     /// another 100 held-out episodes than the default set.
@@ -34,8 +34,8 @@ pub struct EvalArgs {
     /// Where to write eval.json (default: into the adapter's directory).
     #[arg(long)]
     pub out: Option<PathBuf>,
-    /// Prompts sampled together.
-    #[arg(long, default_value_t = 32)]
+    /// Prompts sampled together (>= 1).
+    #[arg(long, default_value_t = 32, value_parser = super::positive)]
     pub batch: usize,
 }
 

@@ -46,6 +46,16 @@ pub enum Command {
     Export(export::ExportArgs),
 }
 
+/// A count flag that must be at least 1 (`--batch 0`, `--episodes 0` are refused by
+/// the parser, before anything runs).
+pub(crate) fn positive(s: &str) -> Result<usize, String> {
+    match s.trim().parse::<usize>() {
+        Ok(0) => Err("must be at least 1".into()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(format!("{e}")),
+    }
+}
+
 pub fn main() -> i32 {
     let cli = Cli::parse();
     match run(cli) {

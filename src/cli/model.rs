@@ -32,8 +32,10 @@ pub struct InitAdapterArgs {
     /// Output adapter directory.
     #[arg(long)]
     pub out: PathBuf,
-    #[arg(long, default_value_t = 8)]
+    /// LoRA rank.
+    #[arg(long, default_value_t = 8, value_parser = super::positive)]
     pub r: usize,
+    /// LoRA alpha (the update is scaled by alpha / r, or alpha / sqrt(r) with --rslora).
     #[arg(long, default_value_t = 16.0)]
     pub alpha: f64,
     /// Comma-separated target modules (q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj).
@@ -42,8 +44,10 @@ pub struct InitAdapterArgs {
         default_value = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
     )]
     pub targets: String,
+    /// Rank-stabilised LoRA scaling (alpha / sqrt(r)).
     #[arg(long)]
     pub rslora: bool,
+    /// Seed of the random A (and B with --b-std) initialisation.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
     /// Standard deviation of B (0 = PEFT's zero init).
@@ -60,8 +64,10 @@ pub struct InitTinyArgs {
     /// (hidden 896, 24 layers, 14/2 heads, MLP 4864). Flags below override it.
     #[arg(long, default_value = "tiny")]
     pub shape: String,
+    /// Hidden size (model width).
     #[arg(long)]
     pub hidden: Option<usize>,
+    /// Number of decoder layers.
     #[arg(long)]
     pub layers: Option<usize>,
     /// Query heads.
@@ -76,6 +82,7 @@ pub struct InitTinyArgs {
     /// Vocabulary rows (at least the tokenizer's 151,669 ids; default 151,936).
     #[arg(long)]
     pub vocab: Option<usize>,
+    /// Seed of the random weights (same seed, same checkpoint).
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
     /// Storage dtype: f32, bf16 or f16.

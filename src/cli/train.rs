@@ -10,9 +10,15 @@ pub struct TrainArgs {
     #[arg(long = "set", value_name = "SECTION.KEY=VALUE")]
     pub sets: Vec<String>,
     /// Continue the run in this directory from its latest checkpoint (uses its
-    /// config.toml unless --config is given).
-    #[arg(long)]
+    /// config.toml unless --config is given). Keys that shape the adapter, the optimizer
+    /// state or the schedule cannot change.
+    #[arg(long, conflicts_with = "overwrite")]
     pub resume: Option<PathBuf>,
+    /// Replace an earlier run in the run directory: its logs, config, adapter, plots
+    /// and checkpoints are removed first. Without it, train refuses a directory that
+    /// holds a run.
+    #[arg(long)]
+    pub overwrite: bool,
 }
 
 pub fn run(a: TrainArgs) -> anyhow::Result<()> {
@@ -20,5 +26,6 @@ pub fn run(a: TrainArgs) -> anyhow::Result<()> {
         config: a.config,
         sets: a.sets,
         resume: a.resume,
+        overwrite: a.overwrite,
     })
 }

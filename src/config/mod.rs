@@ -435,6 +435,12 @@ impl Config {
                 None => anyhow!("{origin}: {e:#}"),
             }
         })?;
+        if let (Some(env), true) = (&cfg.env, cfg.stages.is_empty()) {
+            // `[env.options]` are the environment's to check: build it once so a bad
+            // option fails here, with the file and the option's line.
+            crate::envs::create(&env.name, &env.options)
+                .map_err(|e| locate_env_error(text, origin, &e))?;
+        }
         Ok(cfg)
     }
 
@@ -451,7 +457,11 @@ impl Config {
             message: format!("{section}.{key}: {msg}"),
         };
         let r = &self.run;
-        if r.name.trim().is_empty() || r.name.contains(['/', '\\']) || r.name == ".." {
+        if r.name.trim().is_empty()
+            || r.name.contains(['/', '\\', '\0'])
+            || r.name.trim() == "."
+            || r.name.trim() == ".."
+        {
             return Err(err(
                 "run",
                 "name",
@@ -460,6 +470,13 @@ impl Config {
         }
         if r.steps == 0 {
             return Err(err("run", "steps", "must be >= 1".into()));
+        }
+        if r.steps > limits::MAX_STEPS {
+            return Err(err(
+                "run",
+                "steps",
+                format!("{} exceeds the limit of {}", r.steps, limits::MAX_STEPS),
+            ));
         }
         let m = &self.model;
         if m.name.trim().is_empty() {
@@ -475,7 +492,14 @@ impl Config {
         if l.r == 0 {
             return Err(err("lora", "r", "must be >= 1".into()));
         }
-        if !(l.alpha > 0.0) {
+        if l.r > limits::MAX_LORA_R {
+            return Err(err(
+                "lora",
+                "r",
+                format!("{} exceeds the limit of {}", l.r, limits::MAX_LORA_R),
+            ));
+        }
+        if !(l.alpha > 0.0) || !l.alpha.is_finite() {
             return Err(err("lora", "alpha", format!("{} must be > 0", l.alpha)));
         }
         if !(0.0..1.0).contains(&l.dropout) {
@@ -512,6 +536,17 @@ impl Config {
                 ),
             ));
         }
+        if g.num_generations > limits::MAX_NUM_GENERATIONS {
+            return Err(err(
+                "grpo",
+                "num_generations",
+                format!(
+                    "{} exceeds the limit of {}",
+                    g.num_generations,
+                    limits::MAX_NUM_GENERATIONS
+                ),
+            ));
+        }
         if g.prompts_per_step == 0 {
             return Err(err("grpo", "prompts_per_step", "must be >= 1".into()));
         }
@@ -525,8 +560,53 @@ impl Config {
                 ),
             ));
         }
+        if g.max_prompt_draws > limits::MAX_PROMPTS_PER_STEP {
+            return Err(err(
+                "grpo",
+                "max_prompt_draws",
+                format!(
+                    "{} exceeds the limit of {}",
+                    g.max_prompt_draws,
+                    limits::MAX_PROMPTS_PER_STEP
+                ),
+            ));
+        }
+        if g.prompts_per_step > limits::MAX_PROMPTS_PER_STEP {
+            return Err(err(
+                "grpo",
+                "prompts_per_step",
+                format!(
+                    "{} exceeds the limit of {}",
+                    g.prompts_per_step,
+                    limits::MAX_PROMPTS_PER_STEP
+                ),
+            ));
+        }
+        if g.batch_size() > limits::MAX_BATCH_ROWS {
+            return Err(err(
+                "grpo",
+                "prompts_per_step",
+                format!(
+                    "prompts_per_step x num_generations = {} rows exceeds the limit of {}",
+                    g.batch_size(),
+                    limits::MAX_BATCH_ROWS
+                ),
+            ));
+        }
         if g.max_completion_length == 0 {
             return Err(err("grpo", "max_completion_length", "must be >= 1".into()));
+        }
+        if g.max_completion_length > limits::MAX_COMPLETION_LENGTH {
+            return Err(err(
+                "grpo",
+                "max_completion_length",
+                format!(
+                    "{} exceeds the limit of {} tokens (and must fit the model's \
+                     max_position_embeddings)",
+                    g.max_completion_length,
+                    limits::MAX_COMPLETION_LENGTH
+                ),
+            ));
         }
         if !(g.temperature > 0.0) || !g.temperature.is_finite() {
             return Err(err(
@@ -535,11 +615,11 @@ impl Config {
                 format!("{} must be > 0", g.temperature),
             ));
         }
-        if !(0.0..=1.0).contains(&g.top_p) {
+        if !(g.top_p > 0.0 && g.top_p <= 1.0) {
             return Err(err(
                 "grpo",
                 "top_p",
-                format!("{} must be in [0, 1]", g.top_p),
+                format!("{} must be in (0, 1] (1 = off)", g.top_p),
             ));
         }
         if !(0.0..=1.0).contains(&g.min_p) {
@@ -549,7 +629,7 @@ impl Config {
                 format!("{} must be in [0, 1]", g.min_p),
             ));
         }
-        if !(g.repetition_penalty > 0.0) {
+        if !(g.repetition_penalty > 0.0) || !g.repetition_penalty.is_finite() {
             return Err(err(
                 "grpo",
                 "repetition_penalty",
@@ -578,6 +658,17 @@ impl Config {
         }
         if g.num_iterations == 0 {
             return Err(err("grpo", "num_iterations", "must be >= 1".into()));
+        }
+        if g.num_iterations > limits::MAX_NUM_ITERATIONS {
+            return Err(err(
+                "grpo",
+                "num_iterations",
+                format!(
+                    "{} exceeds the limit of {}",
+                    g.num_iterations,
+                    limits::MAX_NUM_ITERATIONS
+                ),
+            ));
         }
         for (k, w) in &g.reward_weights {
             if !w.is_finite() {
@@ -608,10 +699,10 @@ impl Config {
                 return Err(err("optim", "betas", format!("{b} must be in [0, 1)")));
             }
         }
-        if !(o.eps > 0.0) {
+        if !(o.eps > 0.0) || !o.eps.is_finite() {
             return Err(err("optim", "eps", format!("{} must be > 0", o.eps)));
         }
-        if !(o.weight_decay >= 0.0) {
+        if !(o.weight_decay >= 0.0) || !o.weight_decay.is_finite() {
             return Err(err(
                 "optim",
                 "weight_decay",
@@ -660,6 +751,180 @@ impl Config {
 
     pub fn run_dir(&self) -> PathBuf {
         self.run.output_dir.join(&self.run.name)
+    }
+}
+
+/// Upper bounds on sizes, checked before anything is allocated (a value past them is
+/// a typo or a unit slip, not a run this trainer can take). The model-dependent bounds
+/// (`max_position_embeddings`, memory) are checked once the model config is known
+/// ([`crate::model::budget`]).
+pub mod limits {
+    /// `run.steps`.
+    pub const MAX_STEPS: usize = 100_000_000;
+    /// `lora.r`.
+    pub const MAX_LORA_R: usize = 4096;
+    /// `grpo.num_generations` (G).
+    pub const MAX_NUM_GENERATIONS: usize = 1024;
+    /// `grpo.prompts_per_step`.
+    pub const MAX_PROMPTS_PER_STEP: usize = 4096;
+    /// `prompts_per_step x num_generations`: rows of one generation batch.
+    pub const MAX_BATCH_ROWS: usize = 16_384;
+    /// `grpo.max_completion_length` (tokens; Qwen2.5's longest context is 131,072).
+    pub const MAX_COMPLETION_LENGTH: usize = 131_072;
+    /// `grpo.num_iterations`.
+    pub const MAX_NUM_ITERATIONS: usize = 1000;
+}
+
+/// Keys a resumed run may not change: they shape the adapter (`lora.*`, the base
+/// model, `run.seed` which initialises it), the optimizer state (`optim.betas`,
+/// `optim.eps`) or the learning-rate schedule (`optim.learning_rate`, `schedule`,
+/// `warmup_steps`, `grpo.num_iterations`, and `run.steps` unless the schedule is
+/// constant), or the curriculum the saved stage index points into (`stage`).
+/// Everything else (sampling, logging, checkpoint cadence, loss knobs) may change.
+pub const FROZEN_ON_RESUME: &[&str] = &[
+    "model.name",
+    "lora.r",
+    "lora.alpha",
+    "lora.dropout",
+    "lora.targets",
+    "lora.use_rslora",
+    "run.seed",
+    "run.steps",
+    "optim.learning_rate",
+    "optim.betas",
+    "optim.eps",
+    "optim.schedule",
+    "optim.warmup_steps",
+    "grpo.num_iterations",
+    "stage",
+];
+
+impl Config {
+    /// The [`FROZEN_ON_RESUME`] keys whose values differ between `saved` (the run's
+    /// config.toml) and `self` (the config a resume would use). Empty: resumable.
+    pub fn frozen_changes(&self, saved: &Config) -> Vec<String> {
+        let mut out = Vec::new();
+        let mut check = |key: &str, a: String, b: String| {
+            if a != b {
+                out.push(format!("{key} ({b} -> {a})"));
+            }
+        };
+        let d = |v: &dyn std::fmt::Debug| format!("{v:?}");
+        let (a, b) = (self, saved);
+        check("model.name", a.model.name.clone(), b.model.name.clone());
+        check("lora.r", d(&a.lora.r), d(&b.lora.r));
+        check("lora.alpha", d(&a.lora.alpha), d(&b.lora.alpha));
+        check("lora.dropout", d(&a.lora.dropout), d(&b.lora.dropout));
+        let sorted = |t: &[String]| {
+            let mut v = t.to_vec();
+            v.sort();
+            v.dedup();
+            v
+        };
+        check(
+            "lora.targets",
+            d(&sorted(&a.lora.targets)),
+            d(&sorted(&b.lora.targets)),
+        );
+        check(
+            "lora.use_rslora",
+            d(&a.lora.use_rslora),
+            d(&b.lora.use_rslora),
+        );
+        check("run.seed", d(&a.run.seed), d(&b.run.seed));
+        if a.optim.schedule != Schedule::Constant || b.optim.schedule != Schedule::Constant {
+            check("run.steps", d(&a.run.steps), d(&b.run.steps));
+        }
+        check(
+            "optim.learning_rate",
+            d(&a.optim.learning_rate),
+            d(&b.optim.learning_rate),
+        );
+        check("optim.betas", d(&a.optim.betas), d(&b.optim.betas));
+        check("optim.eps", d(&a.optim.eps), d(&b.optim.eps));
+        check("optim.schedule", d(&a.optim.schedule), d(&b.optim.schedule));
+        check(
+            "optim.warmup_steps",
+            d(&a.optim.warmup_steps),
+            d(&b.optim.warmup_steps),
+        );
+        check(
+            "grpo.num_iterations",
+            d(&a.grpo.num_iterations),
+            d(&b.grpo.num_iterations),
+        );
+        if a.stages != b.stages {
+            out.push("stage (the [[stage]] curriculum)".into());
+        }
+        out
+    }
+
+    /// Make the path keys absolute, resolved against the current directory (`base`):
+    /// `run.output_dir` always, `model.name` when it names a local path (it exists, or
+    /// `init_tiny` will create it, or it is written as a path) and not a Hub id or a
+    /// `random:` shape. The run's config.toml then records where things are, so
+    /// `train --resume RUN_DIR` works from any directory.
+    pub fn resolve_paths(&mut self, base: &Path) {
+        let abs = |p: &Path| -> PathBuf {
+            let joined = if p.is_absolute() {
+                p.to_path_buf()
+            } else {
+                base.join(p)
+            };
+            std::path::absolute(&joined).unwrap_or(joined)
+        };
+        self.run.output_dir = abs(&self.run.output_dir);
+        let name = self.model.name.trim();
+        let p = Path::new(name);
+        let local = !name.is_empty()
+            && !name.starts_with("random:")
+            && p.is_relative()
+            && (base.join(p).exists()
+                || self.model.init_tiny
+                || matches!(
+                    crate::model::load::ModelRef::parse(name),
+                    Ok(crate::model::load::ModelRef::Local(_))
+                ));
+        if local {
+            self.model.name = abs(p).display().to_string();
+        }
+    }
+}
+
+/// Put a file name and line on an error raised while building the environments of
+/// `[env]` / `[env.options]` / `[stage.options.ENV]` from the config text `text` (read
+/// from `origin`): the line assigning the option (or naming the environment) the
+/// message quotes in backticks, else the line of the options table or of `[env]`.
+pub fn locate_env_error(text: &str, origin: &str, e: &anyhow::Error) -> anyhow::Error {
+    let msg = format!("{e:#}");
+    let quoted: Vec<&str> = msg.split('`').skip(1).step_by(2).collect();
+    let is_options = |h: &str| h == "env.options" || h.starts_with("stage.options");
+    let mut current = String::new();
+    let mut table_line = None;
+    let mut key_line = None;
+    for (i, line) in text.lines().enumerate() {
+        if let Some(h) = header_name(line) {
+            if table_line.is_none() && (is_options(&h) || h == "env") {
+                table_line = Some(i + 1);
+            }
+            current = h;
+            continue;
+        }
+        let Some((lhs, rhs)) = line.trim_start().split_once('=') else {
+            continue;
+        };
+        let lhs = lhs.trim().trim_matches('"');
+        let lhs = lhs.strip_prefix("options.").unwrap_or(lhs);
+        let rhs = rhs.trim().trim_matches('"');
+        let hit = (is_options(&current) || current == "env") && quoted.contains(&lhs)
+            || (current == "env" && lhs == "name" && quoted.contains(&rhs));
+        if hit && key_line.is_none() {
+            key_line = Some(i + 1);
+        }
+    }
+    match key_line.or(table_line) {
+        Some(l) => anyhow!("{origin}: line {l}: {msg}"),
+        None => anyhow!("{origin}: [env]: {msg}"),
     }
 }
 

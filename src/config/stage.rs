@@ -139,6 +139,18 @@ pub fn length_of(s: &StageSpec, last: bool) -> Result<StageLength> {
         (Some(_), Some(_), _) => bail!("give either `steps` or `promote_when`, not both"),
         (Some(_), None, Some(_)) => bail!("`max_steps` goes with `promote_when`; use `steps`"),
         (Some(0), None, None) => bail!("steps must be >= 1"),
+        (Some(n), None, None) if n > super::limits::MAX_STEPS => {
+            bail!(
+                "steps = {n} exceeds the limit of {}",
+                super::limits::MAX_STEPS
+            )
+        }
+        (None, Some(_), Some(m)) if m > super::limits::MAX_STEPS => {
+            bail!(
+                "max_steps = {m} exceeds the limit of {}",
+                super::limits::MAX_STEPS
+            )
+        }
         (Some(n), None, None) => Ok(StageLength::Steps(n)),
         (None, Some(rule), max_steps) => {
             if rule.window == 0 {

@@ -8,6 +8,18 @@
 //! self.advance_curriculum(stage, batch.mean_reward());
 //! ```
 //!
+//! Signals: SIGINT (Ctrl-C) and SIGTERM (what Slurm and Kubernetes send before killing
+//! a job) both finish the current step, write a checkpoint and exit non-zero with the
+//! `--resume` hint; a second signal exits at once. When stderr is not a terminal (a
+//! batch job's log), one plain progress line per step is printed (at most one per 2 s,
+//! and always the last) instead of the progress bar.
+//!
+//! [`run_train`] guards the run directory: everything (config, stages, environments,
+//! model, sizes) is validated before the directory is touched; the directory is then
+//! locked ([`crate::run::dir::RunLock`]); a directory holding an earlier run is refused
+//! unless `--resume` (frozen keys unchanged, see [`crate::config::FROZEN_ON_RESUME`]) or
+//! `--overwrite` is given.
+//!
 //! Determinism: the prompts, sampling RNG streams and dropout masks of step `s` are
 //! pure functions of `(run.seed, s)`, so a resumed run (adapter + optimizer state
 //! restored from `checkpoint-S/`) writes the same later rows as an uninterrupted one.
@@ -24,7 +36,8 @@ use crate::run::checkpoint::{self, TrainerState};
 use crate::run::log::{self, StepRow};
 use crate::task::{Renderer, Task};
 use anyhow::{bail, Context, Result};
-use std::path::PathBuf;
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
@@ -49,12 +62,13 @@ pub struct Trainer {
 static INTERRUPTED: AtomicBool = AtomicBool::new(false);
 
 fn install_ctrlc() {
+    // With ctrlc's `termination` feature this handler also receives SIGTERM and SIGHUP.
     let _ = ctrlc::set_handler(|| {
         if INTERRUPTED.swap(true, Ordering::SeqCst) {
             eprintln!("\ninterrupted twice: exiting without a checkpoint");
             std::process::exit(130);
         }
-        eprintln!("\ninterrupt: finishing the step, writing a checkpoint, then exiting");
+        eprintln!("\ninterrupted (signal): finishing the step, writing a checkpoint, then exiting");
     });
 }
 
@@ -195,6 +209,8 @@ impl Trainer {
         );
         pb.set_prefix(self.cfg.run.name.clone());
         pb.set_position(self.state.step as u64);
+        let mut lines = (!self.quiet && !std::io::stderr().is_terminal())
+            .then(|| ProgressLines::new(self.state.step, total));
         let mut done_here = 0;
         while self.state.step < total && self.state.stage < self.stages.len() {
             if limit == Some(done_here) {
@@ -211,6 +227,9 @@ impl Trainer {
             let save_every = self.cfg.run.save_every;
             let interrupted = INTERRUPTED.load(Ordering::SeqCst);
             let finished = s == total || self.state.stage >= self.stages.len();
+            if let Some(p) = lines.as_mut() {
+                p.step(s, row.reward, row.step_time, finished || interrupted);
+            }
             if finished || (save_every > 0 && s.is_multiple_of(save_every)) || interrupted {
                 self.save_checkpoint()?;
             }
@@ -363,6 +382,55 @@ fn dynamic_sampling(stages: &[Stage]) -> bool {
     stages.iter().any(|s| s.cfg.grpo.dynamic_sampling)
 }
 
+/// Plain progress lines for a stderr that is not a terminal (a batch job's log): one
+/// per step, at most one per [`ProgressLines::EVERY`], and always the last step.
+struct ProgressLines {
+    total: usize,
+    first_step: usize,
+    started: Instant,
+    last: Option<Instant>,
+}
+
+impl ProgressLines {
+    const EVERY: std::time::Duration = std::time::Duration::from_secs(2);
+
+    fn new(first_step: usize, total: usize) -> Self {
+        Self {
+            total,
+            first_step,
+            started: Instant::now(),
+            last: None,
+        }
+    }
+
+    fn step(&mut self, step: usize, reward: f64, step_time: f64, last: bool) {
+        if !last && self.last.is_some_and(|t| t.elapsed() < Self::EVERY) {
+            return;
+        }
+        self.last = Some(Instant::now());
+        let done = (step - self.first_step).max(1) as f64;
+        let per_step = self.started.elapsed().as_secs_f64() / done;
+        let eta = per_step * self.total.saturating_sub(step) as f64;
+        eprintln!(
+            "step {step}/{} reward {reward:.4} step_time {step_time:.2}s eta {}",
+            self.total,
+            fmt_duration(eta)
+        );
+    }
+}
+
+/// `42s`, `3m07s`, `2h05m`.
+fn fmt_duration(secs: f64) -> String {
+    let s = secs.max(0.0).round() as u64;
+    if s < 60 {
+        format!("{s}s")
+    } else if s < 3600 {
+        format!("{}m{:02}s", s / 60, s % 60)
+    } else {
+        format!("{}h{:02}m", s / 3600, (s % 3600) / 60)
+    }
+}
+
 /// What `concord train` needs.
 #[derive(Debug, Clone, Default)]
 pub struct TrainOptions {
@@ -372,28 +440,68 @@ pub struct TrainOptions {
     pub sets: Vec<String>,
     /// Continue the run in this directory from its latest checkpoint.
     pub resume: Option<PathBuf>,
+    /// Replace an earlier run in the run directory (its logs, checkpoints, adapter).
+    pub overwrite: bool,
 }
 
-/// `concord train`: load the config and model, train, draw the plots.
+/// `concord train`: [`run_train_with`] without `--overwrite`.
+/// `concord train`: load and validate the config, its stages and environments, the
+/// model and the sizes; then lock the run directory, refuse to reuse one holding an
+/// earlier run (unless resuming, or `overwrite`, which first removes that run's files),
+/// train, draw the plots.
 pub fn run_train(opts: TrainOptions) -> Result<()> {
+    let overwrite = opts.overwrite;
+    if overwrite && opts.resume.is_some() {
+        bail!("--overwrite and --resume exclude each other");
+    }
     let cfg_path = match (&opts.config, &opts.resume) {
         (Some(c), _) => c.clone(),
         (None, Some(dir)) => dir.join("config.toml"),
         (None, None) => bail!("give --config FILE (or --resume RUN_DIR)"),
     };
-    let cfg = Config::load(&cfg_path, &opts.sets)?;
+    let mut cfg = Config::load(&cfg_path, &opts.sets)?;
+    // Relative paths are taken from the current directory (where the quickstart's
+    // `runs/` has always gone) and recorded absolute in the run's config.toml.
+    let cwd = std::env::current_dir().context("reading the current directory")?;
+    cfg.resolve_paths(&cwd);
+    let run_dir = cfg.run_dir();
     if let Some(dir) = &opts.resume {
-        let want = cfg.run_dir();
-        if std::fs::canonicalize(dir).ok() != std::fs::canonicalize(&want).ok() {
+        if std::fs::canonicalize(dir).ok() != std::fs::canonicalize(&run_dir).ok() {
             bail!(
                 "--resume {} but the config's run directory is {}",
                 dir.display(),
-                want.display()
+                run_dir.display()
+            );
+        }
+        check_resume_keys(&cfg, &run_dir)?;
+    }
+    let stages = crate::curriculum::build(&cfg).map_err(|e| {
+        let text = std::fs::read_to_string(&cfg_path).unwrap_or_default();
+        crate::config::locate_env_error(&text, &cfg_path.display().to_string(), &e)
+    })?;
+    let (model, renderer, base) = crate::task::load_model(&cfg)?;
+    check_sizes(&cfg, &stages, &model)?;
+    // Everything is valid: now the run directory.
+    let lock = crate::run::dir::RunLock::acquire(&run_dir)?;
+    let previous = crate::run::dir::previous_run(&run_dir)?;
+    if opts.resume.is_none() && !previous.is_empty() {
+        if overwrite {
+            eprintln!(
+                "--overwrite: removing the earlier run in {} ({})",
+                run_dir.display(),
+                previous.join(", ")
+            );
+            crate::run::dir::clear_previous_run(&run_dir)?;
+        } else {
+            bail!(
+                "{} already holds a run ({}); continue it with `concord train --resume {}`, \
+                 replace it with `--overwrite`, or choose another run.name",
+                run_dir.display(),
+                previous.join(", "),
+                run_dir.display()
             );
         }
     }
-    let stages = crate::curriculum::build(&cfg)?;
-    let (model, renderer, base) = crate::task::load_model(&cfg)?;
     let mut t = Trainer::with_stages(cfg, model, renderer, stages, base, opts.resume.is_some())?;
     let started = Instant::now();
     t.train()?;
@@ -412,5 +520,52 @@ pub fn run_train(opts: TrainOptions) -> Result<()> {
         started.elapsed().as_secs_f64(),
         t.run_dir.display()
     );
+    drop(lock);
+    Ok(())
+}
+
+/// Refuse a resume whose config changes a [`crate::config::FROZEN_ON_RESUME`] key of
+/// the run's saved config.toml.
+fn check_resume_keys(cfg: &Config, run_dir: &Path) -> Result<()> {
+    let saved_path = run_dir.join("config.toml");
+    if !saved_path.exists() {
+        return Ok(());
+    }
+    let text = std::fs::read_to_string(&saved_path)
+        .with_context(|| format!("reading {}", saved_path.display()))?;
+    let mut saved = Config::from_toml_str(&text, &saved_path.display().to_string(), &[])?;
+    saved.resolve_paths(&std::env::current_dir()?);
+    let changed = cfg.frozen_changes(&saved);
+    if !changed.is_empty() {
+        bail!(
+            "--resume cannot change {}: they shape the adapter, the optimizer state or the \
+             schedule the run was started with ({}); start a new run (another run.name) \
+             instead",
+            changed.join(", "),
+            saved_path.display()
+        );
+    }
+    Ok(())
+}
+
+/// Sizes against the model: every stage's completions fit `max_position_embeddings`
+/// and the generation batch's KV cache fits in memory.
+fn check_sizes(cfg: &Config, stages: &[crate::curriculum::Stage], model: &Qwen2) -> Result<()> {
+    let mc = model.config();
+    for st in stages {
+        let g = &st.cfg.grpo;
+        crate::model::budget::check_sampling(
+            mc,
+            model.device(),
+            cfg.model.dtype.to_candle(),
+            g.batch_size(),
+            1,
+            g.max_completion_length,
+            &format!(
+                "grpo.max_completion_length = {} with {} x {} rows",
+                g.max_completion_length, g.prompts_per_step, g.num_generations
+            ),
+        )?;
+    }
     Ok(())
 }

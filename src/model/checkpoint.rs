@@ -415,6 +415,19 @@ pub fn parse_config(text: &str) -> Result<CheckpointConfig> {
         rms_norm_eps: j["rms_norm_eps"].as_f64().unwrap_or(1e-6),
         tie_word_embeddings: j["tie_word_embeddings"].as_bool().unwrap_or(false),
     };
+    let eps = qwen2.rms_norm_eps;
+    if !(eps > 0.0 && eps.is_finite()) {
+        bail!("config.json: rms_norm_eps must be a positive number, got {eps}");
+    }
+    if !(qwen2.rope_theta > 0.0 && qwen2.rope_theta.is_finite()) {
+        bail!(
+            "config.json: rope_theta must be a positive number, got {}",
+            qwen2.rope_theta
+        );
+    }
+    if qwen2.max_position_embeddings == 0 {
+        bail!("config.json: max_position_embeddings must be positive");
+    }
     let stored_dtype = j["dtype"]
         .as_str()
         .or_else(|| j["torch_dtype"].as_str())
@@ -566,6 +579,15 @@ pub fn load_weights(
     Ok(out)
 }
 
+/// Whether config.json sets `tie_word_embeddings` to false explicitly (absent means
+/// "tie when the weights have no head", as before).
+fn says_untied(config: &Path) -> bool {
+    std::fs::read_to_string(config)
+        .ok()
+        .and_then(|t| serde_json::from_str::<Json>(&t).ok())
+        .is_some_and(|j| j["tie_word_embeddings"] == Json::Bool(false))
+}
+
 fn display_files(files: &[PathBuf]) -> String {
     files
         .iter()
@@ -623,6 +645,16 @@ pub fn load_safetensors(
     let dtype = dtype.unwrap_or_else(|| default_dtype(device));
     check_dtype_supported(dtype, device)?;
     let weights = load_weights(&files.weights, &mut config, dtype, device)?;
+    if config.tie_word_embeddings && !info.qwen2.tie_word_embeddings && says_untied(&files.config) {
+        // Tying is what this loader has always done here (tests/load_checkpoint.rs pins
+        // it); transformers would leave a random head. Never silently.
+        eprintln!(
+            "warning: {} says tie_word_embeddings = false but the weights ({}) have no \
+             lm_head.weight: the LM head is tied to the input embeddings",
+            files.config.display(),
+            display_files(&files.weights)
+        );
+    }
     Ok(Checkpoint {
         config,
         info,

@@ -155,6 +155,36 @@ impl LoadedModel {
     }
 }
 
+/// `init_tiny` creates a model only into an absent or empty directory: a directory
+/// with other files and no config.json is someone's data, never overwritten.
+fn check_empty_for_init_tiny(dir: &Path) -> Result<()> {
+    if !dir.exists() {
+        return Ok(());
+    }
+    if !dir.is_dir() {
+        bail!(
+            "init_tiny: {} exists and is not a directory; refusing to create the tiny model there",
+            dir.display()
+        );
+    }
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .with_context(|| format!("reading {}", dir.display()))?
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().to_string())
+        .collect();
+    if !names.is_empty() {
+        names.sort();
+        names.truncate(5);
+        bail!(
+            "init_tiny: {} is not empty ({}) and has no config.json; refusing to overwrite it \
+             (point model.name at an empty or absent directory)",
+            dir.display(),
+            names.join(", ")
+        );
+    }
+    Ok(())
+}
+
 /// Load the model `spec` names: create the tiny checkpoint when asked, resolve and read
 /// the checkpoint (or build random weights), build the model with `spec.lora`, then load
 /// `spec.adapter`.
@@ -187,6 +217,7 @@ pub fn load_model(spec: &ModelSpec) -> Result<LoadedModel> {
         }
         None => {
             if spec.init_tiny && !Path::new(name).join("config.json").exists() {
+                check_empty_for_init_tiny(Path::new(name))?;
                 eprintln!("creating the built-in tiny model in {name}");
                 init_tiny(&TinySpec::default(), Path::new(name))?;
             }

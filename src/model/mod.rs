@@ -9,8 +9,10 @@
 //! - [`tokenizer`]: tokenizer, chat template and the [`tokenizer::Renderer`] trait;
 //! - [`generation`]: the generation_config.json schema;
 //! - [`tiny`], [`adapter`]: deterministic random checkpoints and adapters (tests, parity);
-//! - [`score`]: log-probabilities of a completion (`concord score`).
+//! - [`score`]: log-probabilities of a completion (`concord score`);
+//! - [`budget`]: positions and memory checked before a sampling or scoring call allocates.
 pub mod adapter;
+pub mod budget;
 pub mod checkpoint;
 pub mod generation;
 pub mod gguf;

@@ -59,6 +59,17 @@ pub fn score_completion(m: &LoadedModel, messages: &[Message], completion: &str)
         });
     }
     let all: Vec<u32> = prompt_ids.iter().chain(&completion_ids).copied().collect();
+    super::budget::check_scoring(
+        &m.config,
+        m.model.device(),
+        1,
+        all.len(),
+        &format!(
+            "scoring {} prompt + {} completion tokens",
+            prompt_ids.len(),
+            completion_ids.len()
+        ),
+    )?;
     let t = Tensor::new(all.as_slice(), m.model.device())?.unsqueeze(0)?;
     let logprobs = m
         .model

@@ -75,6 +75,21 @@ pub fn generate(opts: &GenerateOptions) -> anyhow::Result<Generated> {
         .iter()
         .map(|c| tokenizer.encode_chat(c, true))
         .collect::<anyhow::Result<_>>()?;
+    let longest = prompt_ids.iter().map(Vec::len).max().unwrap_or(0);
+    crate::model::budget::check_sampling(
+        &m.config,
+        m.model.device(),
+        m.dtype,
+        prompt_ids.len().saturating_mul(opts.num_samples),
+        longest,
+        params.max_new_tokens,
+        &format!(
+            "--max-new-tokens {} x --num-samples {} ({} prompt(s), longest {longest} tokens)",
+            params.max_new_tokens,
+            opts.num_samples,
+            prompt_ids.len()
+        ),
+    )?;
     let t0 = Instant::now();
     let (groups, stats) = sample_groups_with_stats(
         &m.model,
@@ -176,6 +191,18 @@ pub fn bench(opts: &BenchSampleOptions) -> anyhow::Result<BenchSampleReport> {
     params.min_new_tokens = opts.new_tokens;
     params.stop_token_ids = m.stop_token_ids();
     params.validate()?;
+    crate::model::budget::check_sampling(
+        &m.config,
+        m.model.device(),
+        m.dtype,
+        opts.prompts.saturating_mul(opts.num_generations),
+        opts.prompt_tokens,
+        opts.new_tokens,
+        &format!(
+            "--prompts {} x --num-generations {}, --prompt-tokens {} + --new-tokens {}",
+            opts.prompts, opts.num_generations, opts.prompt_tokens, opts.new_tokens
+        ),
+    )?;
     let vocab = m.config.vocab_size.min(151_643) as u32;
     let mut rng = row_rng(opts.sampling.seed ^ 0xB3A5_C0DE, 0, 0);
     let prompts: Vec<Vec<u32>> = (0..opts.prompts)

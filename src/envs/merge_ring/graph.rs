@@ -559,10 +559,15 @@ pub fn peak_rss_bytes() -> Option<u64> {
     Some(kb * 1024)
 }
 
+/// The largest ring `concord envs graph` walks: the on-demand count visits
+/// (1 + 2·3^n)·3^n groups, about 15 s at n = 10 on one core and about 80x longer for
+/// every 2 more vehicles (n = 12: about 20 minutes), so larger rings are refused.
+pub const MAX_CLI_AGENTS: usize = 10;
+
 /// What `concord envs graph` prints.
 #[derive(Debug, Clone)]
 pub struct GraphOptions {
-    /// Number of vehicles (even, 2..=16).
+    /// Number of vehicles (even, 2..=[`MAX_CLI_AGENTS`]).
     pub agents: usize,
     /// Materialise the edge table even above 6 vehicles (refused above a safe size).
     pub materialize: bool,
@@ -578,6 +583,13 @@ pub fn run_graph(env: &str, args: &GraphOptions) -> anyhow::Result<()> {
     }
     if args.agents < 2 || !args.agents.is_multiple_of(2) {
         bail!("--agents must be an even number >= 2, got {}", args.agents);
+    }
+    if args.agents > MAX_CLI_AGENTS {
+        bail!(
+            "--agents {}: at most {MAX_CLI_AGENTS} (the exact walk visits (1 + 2*3^n)*3^n \
+             groups: about 15 s at n = 10, about 80x longer per 2 more vehicles)",
+            args.agents
+        );
     }
     let r = walk(args.agents, args.materialize)?;
     if args.json {

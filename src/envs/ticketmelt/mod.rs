@@ -333,6 +333,21 @@ impl Rules {
                 ),
             }
         }
+        anyhow::ensure!(
+            r.win_threshold.is_finite(),
+            "ticketmelt option `win_threshold` must be a finite number, got {}",
+            r.win_threshold
+        );
+        anyhow::ensure!(
+            r.urgent_weight.is_finite(),
+            "ticketmelt option `urgent_weight` must be finite"
+        );
+        anyhow::ensure!(
+            r.weights.iter().all(|w| w.is_finite() && *w >= 0.0)
+                && r.weights.iter().sum::<f64>() > 0.0,
+            "ticketmelt option `weights` must be 4 finite numbers >= 0 with a positive sum, got {:?}",
+            r.weights
+        );
         Ok(r)
     }
 

@@ -1,0 +1,149 @@
+//! Guarding a run directory: one writer at a time ([`RunLock`], an exclusive advisory
+//! lock on `RUN_DIR/.lock` holding the writer's pid, released by the kernel when the
+//! process exits, crash or `kill -9` included), and no silent reuse of a directory that
+//! holds an earlier run ([`previous_run`], [`clear_previous_run`]).
+use anyhow::{bail, Context, Result};
+use std::fs::{File, OpenOptions, TryLockError};
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+
+/// The lock file inside a run directory.
+pub const LOCK_FILE: &str = ".lock";
+
+/// An exclusive lock on a run directory, held for as long as the value lives (and by
+/// the kernel until the process exits: a crashed writer never leaves a stale lock).
+#[derive(Debug)]
+pub struct RunLock {
+    _file: File,
+    path: PathBuf,
+}
+
+impl RunLock {
+    /// Lock `run_dir` (created if absent) or fail naming the pid that holds it.
+    pub fn acquire(run_dir: &Path) -> Result<RunLock> {
+        std::fs::create_dir_all(run_dir)
+            .with_context(|| format!("creating {}", run_dir.display()))?;
+        let path = run_dir.join(LOCK_FILE);
+        let mut file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
+            .with_context(|| format!("opening {}", path.display()))?;
+        match file.try_lock() {
+            Ok(()) => {}
+            Err(TryLockError::WouldBlock) => {
+                let mut holder = String::new();
+                let _ = file.read_to_string(&mut holder);
+                let holder = holder.trim();
+                let who = if holder.is_empty() {
+                    "another process".to_string()
+                } else {
+                    format!("process {holder}")
+                };
+                bail!(
+                    "run directory {} is in use by {who} (lock {}); wait for it to finish \
+                     or choose another run.name",
+                    run_dir.display(),
+                    path.display()
+                );
+            }
+            Err(TryLockError::Error(e)) => {
+                return Err(e).with_context(|| format!("locking {}", path.display()))
+            }
+        }
+        file.set_len(0)?;
+        file.seek(SeekFrom::Start(0))?;
+        writeln!(file, "{}", std::process::id())?;
+        file.flush()?;
+        Ok(RunLock { _file: file, path })
+    }
+
+    /// The lock file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+/// What in `run_dir` shows an earlier run: its config.toml, training_log.csv,
+/// samples.jsonl, adapter or `checkpoint-N/` directories (sorted names; empty when none).
+pub fn previous_run(run_dir: &Path) -> Result<Vec<String>> {
+    let mut found = Vec::new();
+    if !run_dir.exists() {
+        return Ok(found);
+    }
+    for e in std::fs::read_dir(run_dir).with_context(|| format!("reading {}", run_dir.display()))? {
+        let name = e?.file_name().to_string_lossy().to_string();
+        if RUN_FILES.contains(&name.as_str())
+            || name.starts_with("checkpoint-")
+            || name.starts_with(".checkpoint-")
+        {
+            found.push(name);
+        }
+    }
+    found.sort();
+    Ok(found)
+}
+
+/// Files of a run (besides `checkpoint-N/`) that `--overwrite` removes.
+const RUN_FILES: &[&str] = &[
+    "config.toml",
+    "training_log.csv",
+    "samples.jsonl",
+    "adapter_model.safetensors",
+    "adapter_config.json",
+    "reward_curve.png",
+    "components.png",
+    "before_after.png",
+    "eval.json",
+    "README.md",
+];
+
+/// Remove an earlier run's files from `run_dir` (`train --overwrite`): logs, config,
+/// adapter, plots, eval report, model card and every checkpoint. Other files and the
+/// lock are left alone.
+pub fn clear_previous_run(run_dir: &Path) -> Result<()> {
+    for name in previous_run(run_dir)? {
+        let p = run_dir.join(&name);
+        let r = if p.is_dir() {
+            std::fs::remove_dir_all(&p)
+        } else {
+            std::fs::remove_file(&p)
+        };
+        r.with_context(|| format!("removing {}", p.display()))?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_second_lock_names_the_holder() {
+        let d = tempfile::tempdir().unwrap();
+        let held = RunLock::acquire(d.path()).unwrap();
+        let e = RunLock::acquire(d.path()).unwrap_err().to_string();
+        assert!(e.contains(&std::process::id().to_string()), "{e}");
+        drop(held);
+        RunLock::acquire(d.path()).unwrap();
+    }
+
+    #[test]
+    fn previous_runs_are_found_and_cleared() {
+        let d = tempfile::tempdir().unwrap();
+        assert!(previous_run(d.path()).unwrap().is_empty());
+        std::fs::write(d.path().join("notes.txt"), "mine").unwrap();
+        assert!(previous_run(d.path()).unwrap().is_empty());
+        std::fs::write(d.path().join("training_log.csv"), "step\n1\n").unwrap();
+        std::fs::create_dir(d.path().join("checkpoint-9")).unwrap();
+        assert_eq!(
+            previous_run(d.path()).unwrap(),
+            ["checkpoint-9", "training_log.csv"]
+        );
+        clear_previous_run(d.path()).unwrap();
+        assert!(previous_run(d.path()).unwrap().is_empty());
+        assert!(d.path().join("notes.txt").exists());
+    }
+}
