@@ -5,8 +5,8 @@
 
 use super::parse::claim_text;
 use super::rules::{
-    claim_nonempty, mask_seats, Kind, Mark, Msg, Role, Source, Whispers, FIELDS, NONE, NO_TEXT,
-    TASKS, VALUES,
+    claim_nonempty, mask_seats, Kind, Mark, Msg, Role, Source, Whispers, FIELDS, NONE, TASKS,
+    VALUES,
 };
 use super::{Rules, OPTION_KEYS, POLICIES};
 use serde_json::{json, Value};
@@ -51,9 +51,9 @@ count.",
     fn push_claim_or_text(&self, m: &Msg, out: &mut String) {
         if claim_nonempty(&m.claim) {
             claim_text(&m.claim, self.template(), out);
-        } else if m.text != NO_TEXT {
+        } else if let Some(t) = self.texts.get(m.text as usize) {
             out.push('"');
-            out.push_str(&self.texts[m.text as usize]);
+            out.push_str(t);
             out.push('"');
         } else {
             out.push_str("(nothing)");
@@ -69,7 +69,7 @@ count.",
                 push_num(out, m.origin as i64);
             }
             Source::Oracle => out.push_str("oracle"),
-            Source::Text(i) => out.push_str(&self.texts[i as usize]),
+            Source::Text(i) => out.push_str(self.texts.get(i as usize).map_or("?", |t| t.as_str())),
         }
     }
 

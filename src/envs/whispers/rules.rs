@@ -998,7 +998,7 @@ impl Whispers {
                         && m.claim == *claim
                         && match (m.text, text) {
                             (NO_TEXT, None) => true,
-                            (i, Some(t)) if i != NO_TEXT => self.texts[i as usize] == *t,
+                            (i, Some(t)) => self.texts.get(i as usize) == Some(t),
                             _ => false,
                         }
                 });
