@@ -91,7 +91,8 @@
 //! nobody answered request_verify.
 //!
 //! # Layout
-//! `mod.rs` options, contract impls, factory; [`rules`] world, step and scripted seats;
+//! `mod.rs` options, contract impls, factory; [`rules`] world and step; [`scripted`]
+//! scripted seats and verification answers;
 //! [`rubric`] scoring; [`parse`] parser; [`render`] prompts, transcript, describe;
 //! [`policies`] baseline policies (heuristic editor), baselines and bench.
 
@@ -100,6 +101,7 @@ pub mod policies;
 pub mod render;
 pub mod rubric;
 pub mod rules;
+pub mod scripted;
 
 pub use parse::{action_json, parse_action, parse_claim};
 pub use policies::{Policy, POLICIES};
