@@ -7,6 +7,7 @@
 //! so results do not depend on how episodes are batched, and base and adapter face
 //! the same episodes with the same random numbers.
 use crate::config::Config;
+use crate::envs::rollout::{self, Policy, Turn};
 use crate::envs::{self, wilson_ci, EnvFactory, Environment};
 use crate::model::qwen2::Qwen2;
 use crate::rng::mix_seeds as mix;
@@ -126,8 +127,58 @@ impl Outcomes {
     }
 }
 
-/// Play `episodes` held-out episodes of `factory` with `model` (as it is: adapter on
-/// or off) in every policy seat, `batch` prompts per sampling call.
+/// The model in every policy seat: each round's turns are sampled together,
+/// `batch` prompts per sampling call. Every turn has its own RNG stream keyed by
+/// (episode, round, seat), so results do not depend on the batching.
+pub struct ModelPolicy<'a> {
+    pub model: &'a Qwen2,
+    pub renderer: &'a dyn Renderer,
+    pub params: &'a SamplingParams,
+    pub batch: usize,
+}
+
+impl Policy for ModelPolicy<'_> {
+    fn act(
+        &mut self,
+        episodes: &mut [&mut dyn Environment],
+        turns: &[Turn],
+    ) -> Result<Vec<String>> {
+        let decode = |ids: &[u32]| self.renderer.decode(ids);
+        let mut texts = Vec::with_capacity(turns.len());
+        for chunk in turns.chunks(self.batch.max(1)) {
+            let prompts: Vec<Vec<u32>> = chunk
+                .iter()
+                .map(|t| {
+                    Ok(self
+                        .renderer
+                        .render(&episodes[t.episode].observation(t.seat))?
+                        .1)
+                })
+                .collect::<Result<_>>()?;
+            let reqs: Vec<GroupRequest> = chunk
+                .iter()
+                .zip(&prompts)
+                .map(|(t, p)| GroupRequest {
+                    prompt: p,
+                    num: 1,
+                    stream_prompt: mix(mix(t.episode as u64, t.round), t.seat as u64) as usize,
+                    first_sample: 0,
+                })
+                .collect();
+            let (out, _) =
+                sample::sample_requests(self.model, &decode, &reqs, self.params, self.params.seed)?;
+            texts.extend(
+                out.into_iter()
+                    .map(|comps| comps.into_iter().next().map(|c| c.text).unwrap_or_default()),
+            );
+        }
+        Ok(texts)
+    }
+}
+
+/// Play `episodes` held-out episodes of `factory` (from held-out index `first_seed`)
+/// with `model` (as it is: adapter on or off) in every policy seat, `batch` prompts
+/// per sampling call.
 pub fn play(
     model: &Qwen2,
     renderer: &dyn Renderer,
@@ -140,58 +191,23 @@ pub fn play(
     let mut eps: Vec<Box<dyn Environment>> = (first_seed..first_seed + episodes as u64)
         .map(|i| factory.reset(envs::eval_seed(i)))
         .collect();
-    let decode = |ids: &[u32]| renderer.decode(ids);
-    let mut round = 0u64;
-    loop {
-        let pending: Vec<(usize, Vec<usize>)> = eps
-            .iter()
-            .enumerate()
-            .filter(|(_, e)| !e.done())
-            .map(|(i, e)| (i, e.policy_seats()))
-            .collect();
-        if pending.is_empty() {
-            break;
-        }
-        if round > 100_000 {
-            bail!(
-                "{}: episodes did not end after {round} rounds",
-                factory.name()
-            );
-        }
-        let slots: Vec<(usize, usize)> = pending
-            .iter()
-            .flat_map(|(i, seats)| seats.iter().map(move |s| (*i, *s)))
-            .collect();
-        let mut texts: BTreeMap<(usize, usize), String> = BTreeMap::new();
-        for chunk in slots.chunks(batch.max(1)) {
-            let prompts: Vec<Vec<u32>> = chunk
-                .iter()
-                .map(|&(i, s)| Ok(renderer.render(&eps[i].observation(s))?.1))
-                .collect::<Result<_>>()?;
-            let reqs: Vec<GroupRequest> = chunk
-                .iter()
-                .zip(&prompts)
-                .map(|(&(i, s), p)| GroupRequest {
-                    prompt: p,
-                    num: 1,
-                    stream_prompt: mix(mix(i as u64, round), s as u64) as usize,
-                    first_sample: 0,
-                })
-                .collect();
-            let (out, _) = sample::sample_requests(model, &decode, &reqs, params, params.seed)?;
-            for (&slot, comps) in chunk.iter().zip(out) {
-                let text = comps.into_iter().next().map(|c| c.text).unwrap_or_default();
-                texts.insert(slot, text);
-            }
-        }
-        for (i, seats) in &pending {
-            let actions: Vec<String> = seats
-                .iter()
-                .map(|s| texts.remove(&(*i, *s)).unwrap_or_default())
-                .collect();
-            eps[*i].step(&actions)?;
-        }
-        round += 1;
+    let mut policy = ModelPolicy {
+        model,
+        renderer,
+        params,
+        batch,
+    };
+    let mut refs: Vec<&mut dyn Environment> = eps
+        .iter_mut()
+        .map(|e| -> &mut dyn Environment { e.as_mut() })
+        .collect();
+    rollout::play(&mut refs, &mut policy, MAX_EVAL_ROUNDS)?;
+    drop(refs);
+    if let Some(e) = eps.iter().find(|e| !e.done()) {
+        bail!(
+            "{}: episodes did not end after {MAX_EVAL_ROUNDS} rounds",
+            e.name()
+        );
     }
     let mut out = Outcomes {
         episodes,
@@ -207,6 +223,9 @@ pub fn play(
     }
     Ok(out)
 }
+
+/// Rounds after which an evaluated episode is taken to be stuck.
+const MAX_EVAL_ROUNDS: u64 = 100_000;
 
 fn sampling(cfg: &Config, greedy: bool, stop_ids: Vec<u32>) -> Result<SamplingParams> {
     // The last stage's sampling keys (its overrides applied).

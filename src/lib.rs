@@ -1,8 +1,12 @@
 //! Concord: a pure-Rust GRPO trainer that teaches LLMs to coordinate.
 //!
-//! Layout: [`model`] (Qwen2 + LoRA, loading, tokenizer), [`sample`] (group sampling
-//! with a shared KV cache), [`grpo`] (advantages, loss, optimiser, trainer), [`envs`]
-//! (the multi-agent environments) and [`config`] (the TOML schema).
+//! Data flows one way, and so do the imports: [`config`] (the TOML schema) →
+//! [`model`] (Qwen2 + LoRA, loading, tokenizer) and [`envs`] (the multi-agent
+//! environments and the episode driver) → [`task`] (prompts and rewards) → [`sample`]
+//! (group sampling with a shared KV cache) → [`grpo`] (advantages, loss, optimiser, the
+//! training loop) → [`run`] (the run directory). [`curriculum`], [`eval`], [`plot`] and
+//! [`hub`] build on those; [`cli`] holds every command-line type. [`chat`], [`rng`],
+//! [`atomic`] and [`sys`] are leaves.
 pub mod atomic;
 pub mod chat;
 pub mod cli;

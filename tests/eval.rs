@@ -1,23 +1,9 @@
 //! `concord eval` end to end on the built-in tiny model: a short training run, then
 //! base vs adapter on held-out seeds (`--compare --json`), the report's schema and
 //! invariants, determinism, and the before/after plot drawn from its eval.json.
+use crate::util::concord_ok;
 use concord::eval::EvalReport;
 use std::path::Path;
-use std::process::Command;
-
-fn concord(args: &[&str]) -> String {
-    let out = Command::new(env!("CARGO_BIN_EXE_concord"))
-        .args(args)
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "concord {args:?} failed:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
-}
 
 #[test]
 fn eval_compare_reports_held_out_episodes() {
@@ -34,7 +20,7 @@ fn eval_compare_reports_held_out_episodes() {
     for s in &sets {
         train.extend(["--set", s.as_str()]);
     }
-    concord(&train);
+    concord_ok(&train);
     let run = dir.path().join("quickstart");
     assert!(run.join("reward_curve.png").exists());
 
@@ -52,7 +38,7 @@ fn eval_compare_reports_held_out_episodes() {
     for s in &sets {
         eval.extend(["--set", s.as_str()]);
     }
-    let out = concord(&eval);
+    let out = concord_ok(&eval);
     let report: EvalReport = serde_json::from_str(&out).unwrap();
     // Also written beside the adapter, where `plot` and `export` look for it.
     let written = EvalReport::read(&run.join("eval.json")).unwrap();
@@ -99,7 +85,7 @@ fn eval_compare_reports_held_out_episodes() {
     for s in &sets {
         base.extend(["--set", s.as_str()]);
     }
-    let alone: EvalReport = serde_json::from_str(&concord(&base)).unwrap();
+    let alone: EvalReport = serde_json::from_str(&concord_ok(&base)).unwrap();
     assert_eq!(alone.models["base"], report.models["base"]);
 
     // The human table prints base before adapter, with a delta column.
@@ -107,7 +93,7 @@ fn eval_compare_reports_held_out_episodes() {
     let header = table.lines().find(|l| l.starts_with("| metric")).unwrap();
     assert_eq!(header, "| metric | base | adapter | delta |");
 
-    concord(&["plot", &run.display().to_string()]);
+    concord_ok(&["plot", &run.display().to_string()]);
     let png = std::fs::read(run.join("before_after.png")).unwrap();
     assert!(png.starts_with(b"\x89PNG\r\n\x1a\n") && png.len() > 1000);
 }

@@ -561,7 +561,7 @@ fn gguf_unsupported_tensor_type_is_named() {
     assert!(e.contains("blk.0.ffn_down.weight"), "{e}");
 }
 
-/// The real model (scripts/fetch_real_model.sh): `cargo test --test gguf -- --ignored`.
+/// The real model (scripts/fetch_real_model.sh): `cargo test --test tests gguf:: -- --ignored`.
 #[test]
 #[ignore = "needs .models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf (scripts/fetch_real_model.sh)"]
 fn gguf_real_model_loads() {

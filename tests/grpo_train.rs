@@ -34,10 +34,7 @@ fn tiny_model(dropout: f64) -> Qwen2 {
         r: 8,
         alpha: 16.0,
         dropout,
-        target_modules: concord::config::LORA_TARGETS
-            .iter()
-            .map(|s| s.to_string())
-            .collect(),
+        target_modules: crate::util::all_lora_targets(),
         use_rslora: false,
         init_seed: 3,
     };
@@ -374,7 +371,7 @@ fn resume_writes_the_same_rows() {
     assert_eq!(a_ad, b_ad);
 }
 
-/// `cargo test --test grpo_train bench_train -- --ignored --nocapture`: the numbers of
+/// `cargo test --test tests grpo_train::bench_train -- --ignored --nocapture`: the numbers of
 /// `concord bench train --model random:0.5b --batch 8 --seq 160 --json`.
 #[test]
 #[ignore = "benchmark (minutes on CPU)"]
@@ -394,8 +391,8 @@ fn bench_train_random_05b() {
 }
 
 /// The quickstart config end to end (built-in tiny model created on first use, real
-/// TICKETMELT prompts through the chat template): `cargo test --test grpo_train
-/// quickstart -- --ignored`.
+/// TICKETMELT prompts through the chat template): `cargo test --test tests
+/// grpo_train::quickstart -- --ignored`.
 #[test]
 #[ignore = "end to end, about a minute on CPU"]
 fn quickstart_config_trains() {
@@ -578,4 +575,136 @@ temperature = 0.7
     assert!(h.iter().any(|c| c == "rewards/r_merge/mean"), "{h:?}");
     let resolved = std::fs::read_to_string(run.join("config.toml")).unwrap();
     assert!(resolved.contains("[[stage]]"), "{resolved}");
+}
+
+/// TokenShare on prompts whose first id is odd; a constant 0 on the others (a group
+/// that carries no gradient whatever the model writes).
+struct HalfDead;
+
+impl Task for HalfDead {
+    fn name(&self) -> String {
+        "half_dead".into()
+    }
+    fn prompts(
+        &mut self,
+        seed: u64,
+        n: usize,
+        r: &dyn Renderer,
+    ) -> anyhow::Result<Vec<TaskPrompt>> {
+        TokenShare.prompts(seed, n, r)
+    }
+    fn score(&self, p: &TaskPrompt, c: &Completion) -> anyhow::Result<Reward> {
+        let mut r = TokenShare.score(p, c)?;
+        if p.ids[0] % 2 == 0 {
+            r.scalar = 0.0;
+            r.components.insert("share".into(), 0.0);
+        }
+        Ok(r)
+    }
+}
+
+fn half_dead_trainer(cfg: Config) -> Trainer {
+    let mut t = Trainer::new(
+        cfg,
+        tiny_model(0.0),
+        Box::new(IdRenderer),
+        Box::new(HalfDead),
+        "tiny-random".into(),
+        false,
+    )
+    .unwrap();
+    t.quiet = true;
+    t
+}
+
+#[test]
+fn dynamic_sampling_keeps_groups_that_differ() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(dir.path(), "dyn", 4);
+    cfg.grpo.dynamic_sampling = true;
+    cfg.grpo.max_prompt_draws = 16;
+    let mut t = half_dead_trainer(cfg.clone());
+    let want = cfg.grpo.prompts_per_step;
+    let mut extra_draws = 0;
+    for _ in 0..4 {
+        let mut informative = 0;
+        let row = t
+            .step_with(|b| {
+                assert_eq!(b.prompts.len(), want);
+                assert_eq!(b.rollouts.len(), want * cfg.grpo.num_generations);
+                informative = b
+                    .rollouts
+                    .chunks(cfg.grpo.num_generations)
+                    .filter(|g| g.iter().any(|r| r.scalar != g[0].scalar))
+                    .count();
+                // Groups are renumbered 0..want in batch order.
+                for (i, r) in b.rollouts.iter().enumerate() {
+                    assert_eq!(r.group, i / cfg.grpo.num_generations);
+                }
+            })
+            .unwrap();
+        let draws = row.prompt_draws as usize;
+        assert!((want..=16).contains(&draws), "{draws}");
+        // Either every kept group differs, or the budget ran out.
+        assert!(
+            informative == want || draws == 16,
+            "{informative} of {want}, {draws} draws"
+        );
+        if draws > want {
+            extra_draws += 1;
+            // Counted before filtering: some drawn groups were all equal.
+            assert!(row.frac_reward_zero_std > 0.0);
+        }
+    }
+    assert!(
+        extra_draws > 0,
+        "half the prompts are dead: some step must draw more"
+    );
+    let (h, rows) = read_csv(&dir.path().join("dyn/training_log.csv"));
+    assert_eq!(rows.len(), 4);
+    assert!(column(&h, &rows, "prompt_draws")
+        .iter()
+        .all(|&d| d >= want as f64));
+}
+
+#[test]
+fn dynamic_sampling_without_budget_is_plain_sampling() {
+    let dir = tempfile::tempdir().unwrap();
+    let plain = config(dir.path(), "plain", 3);
+    let mut dynamic = config(dir.path(), "dyn-nobudget", 3);
+    dynamic.grpo.dynamic_sampling = true;
+    dynamic.grpo.max_prompt_draws = dynamic.grpo.prompts_per_step;
+    half_dead_trainer(plain).train().unwrap();
+    half_dead_trainer(dynamic).train().unwrap();
+    let (ha, ra) = read_csv(&dir.path().join("plain/training_log.csv"));
+    let (hb, rb) = read_csv(&dir.path().join("dyn-nobudget/training_log.csv"));
+    assert!(!ha.contains(&"prompt_draws".to_string()));
+    for (x, y) in ra.iter().zip(&rb) {
+        for (i, name) in ha.iter().enumerate() {
+            let j = hb.iter().position(|n| n == name).unwrap();
+            if !TIMING_COLUMNS.contains(&name.as_str()) {
+                assert_eq!(x[i], y[j], "column {name} differs at step {}", x[0]);
+            }
+        }
+    }
+}
+
+/// `concord bench grpo-step` on the quickstart config: every phase timed, and the
+/// update runs even though the random tiny model's groups all tie.
+#[test]
+fn bench_grpo_step_always_updates() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = Path::new(env!("CARGO_MANIFEST_DIR")).join("configs/quickstart.toml");
+    let r = concord::grpo::bench::bench_step(&concord::grpo::bench::BenchStepOptions {
+        config: cfg,
+        sets: vec!["grpo.max_completion_length=4".into()],
+        model: Some(dir.path().join("tiny").display().to_string()),
+        steps: 1,
+    })
+    .unwrap();
+    assert_eq!(r.steps, 1);
+    assert!(r.trained_tokens > 0.0, "{r:?}");
+    assert!(r.update_s > 0.0 && r.sampling_s > 0.0, "{r:?}");
+    assert!(r.seconds_per_step >= r.sampling_s + r.update_s, "{r:?}");
+    assert_eq!(r.completion_tokens, (2 * 4 * 4) as f64, "{r:?}");
 }

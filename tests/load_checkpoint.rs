@@ -2,7 +2,8 @@
 //! tied heads, dtypes, the Hub cache (offline), and every documented error.
 use std::path::Path;
 
-use candle_core::{DType, Device, Tensor};
+use crate::util::max_abs_diff;
+use candle_core::{DType, Device};
 use concord::chat::Message;
 use concord::model::load::{self, load_checkpoint, ModelRef};
 use concord::model::tiny::{init_tiny, TinyDType, TinySpec};
@@ -28,21 +29,6 @@ fn edit_json(path: &Path, f: impl FnOnce(&mut serde_json::Value)) {
         serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
     f(&mut v);
     std::fs::write(path, serde_json::to_string_pretty(&v).unwrap()).unwrap();
-}
-
-fn max_abs_diff(a: &Tensor, b: &Tensor) -> f32 {
-    let a = a.to_dtype(DType::F32).unwrap();
-    let b = b.to_dtype(DType::F32).unwrap();
-    (a - b)
-        .unwrap()
-        .abs()
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .max(0)
-        .unwrap()
-        .to_scalar::<f32>()
-        .unwrap()
 }
 
 #[test]

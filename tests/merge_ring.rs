@@ -348,7 +348,7 @@ proptest! {
     }
 }
 
-/// `cargo test --release --test merge_ring -- --ignored --nocapture baseline_table`
+/// `cargo test --release --test tests merge_ring::baseline_table -- --ignored --nocapture`
 #[test]
 #[ignore]
 fn baseline_table() {

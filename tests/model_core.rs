@@ -1,7 +1,8 @@
 //! Core model tests on tiny random Qwen2 models: gradients, padding, KV cache, chunked
 //! log-probs, PEFT round trip, adapter switch, half-precision bases.
+use crate::util::max_abs_diff;
 use candle_core::{DType, Device, IndexOp, Tensor, Var, D};
-use concord::model::lora::{LoraConfig, LORA_TARGETS};
+use concord::model::lora::LoraConfig;
 use concord::model::ops;
 use concord::model::qwen2::{random_weights, Mode, Qwen2, Qwen2Config, Weights};
 use rand::{Rng, SeedableRng};
@@ -16,7 +17,7 @@ fn lora_cfg(dropout: f64) -> LoraConfig {
         r: 4,
         alpha: 8.0,
         dropout,
-        target_modules: LORA_TARGETS.iter().map(|s| s.to_string()).collect(),
+        target_modules: crate::util::all_lora_targets(),
         use_rslora: false,
         init_seed: 7,
     }
@@ -50,19 +51,6 @@ fn ids_tensor(rows: &[Vec<u32>]) -> Tensor {
 
 fn random_ids(rng: &mut ChaCha8Rng, n: usize) -> Vec<u32> {
     (0..n).map(|_| rng.gen_range(0..512u32)).collect()
-}
-
-fn max_abs_diff(a: &Tensor, b: &Tensor) -> f32 {
-    (a - b)
-        .unwrap()
-        .abs()
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .max(0)
-        .unwrap()
-        .to_scalar::<f32>()
-        .unwrap()
 }
 
 /// A weighted log-prob loss over a left-padded batch.
@@ -155,15 +143,7 @@ fn finite_differences_agree_with_lora_gradient() {
             .iter()
             .map(|(_, v)| {
                 let g = grads.get(v.as_tensor()).unwrap();
-                let m = g
-                    .abs()
-                    .unwrap()
-                    .flatten_all()
-                    .unwrap()
-                    .max(0)
-                    .unwrap()
-                    .to_scalar::<f32>()
-                    .unwrap();
+                let m = crate::util::max_abs(g);
                 let r: Vec<f32> = (0..v.elem_count())
                     .map(|_| 0.5 + 0.5 * rng.gen::<f32>())
                     .collect();
@@ -583,7 +563,7 @@ fn weight_validation_names_the_tensor() {
 }
 
 /// Timing of one LoRA r16 forward+backward at 8 x 160 tokens on the Qwen2.5-0.5B shape
-/// (random weights). `cargo test --release --test model_core bench_05b -- --ignored --nocapture`
+/// (random weights). `cargo test --release --test tests model_core::bench_05b -- --ignored --nocapture`
 #[test]
 #[ignore]
 fn bench_05b_fwd_bwd() {

@@ -10,6 +10,7 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
+use crate::util::max_abs_diff;
 use candle_core::{DType, Device, IndexOp, Tensor};
 use concord::chat::Message;
 use concord::model::load::{load_model, ModelSpec};
@@ -321,25 +322,8 @@ fn check_grads(fx: &Fixture, m: &LoadedModel) {
         let w = want
             .get(key)
             .unwrap_or_else(|| panic!("{} fixture lacks {key}", fx.name()));
-        let scale = w
-            .abs()
-            .unwrap()
-            .flatten_all()
-            .unwrap()
-            .max(0)
-            .unwrap()
-            .to_scalar::<f32>()
-            .unwrap();
-        let diff = (&g - w)
-            .unwrap()
-            .abs()
-            .unwrap()
-            .flatten_all()
-            .unwrap()
-            .max(0)
-            .unwrap()
-            .to_scalar::<f32>()
-            .unwrap();
+        let scale = crate::util::max_abs(w);
+        let diff = max_abs_diff(&g, w);
         let rel = diff / scale.max(1e-12);
         assert!(
             rel <= 1e-3,

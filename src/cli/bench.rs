@@ -16,13 +16,53 @@ pub enum BenchCommand {
     Sample(BenchSampleArgs),
     /// LoRA forward+backward throughput: tokens/s, seconds, peak RSS.
     Train(BenchTrainArgs),
+    /// One full GRPO step of a config (sampling, scoring, update): seconds per phase.
+    GrpoStep(BenchStepArgs),
 }
 
 pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     match args.command {
         BenchCommand::Sample(a) => run_sample(a),
         BenchCommand::Train(a) => crate::grpo::bench::bench_train(&a.options()?),
+        BenchCommand::GrpoStep(a) => run_step(a),
     }
+}
+
+#[derive(Args, Debug)]
+pub struct BenchStepArgs {
+    /// The run configuration (TOML); its run directory is not touched.
+    #[arg(long)]
+    pub config: std::path::PathBuf,
+    /// Model directory, `.gguf` file, Hub id or `random:SHAPE` (default: the config's).
+    #[arg(long)]
+    pub model: Option<String>,
+    /// Override a config key (repeatable), as for `train`.
+    #[arg(long = "set", value_name = "SECTION.KEY=VALUE")]
+    pub sets: Vec<String>,
+    /// Timed steps, after one untimed warm-up step.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
+    pub steps: u64,
+    /// Print the report as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn run_step(a: BenchStepArgs) -> anyhow::Result<()> {
+    let r = crate::grpo::bench::bench_step(&crate::grpo::bench::BenchStepOptions {
+        config: a.config,
+        sets: a.sets,
+        model: a.model,
+        steps: usize::try_from(a.steps)?,
+    })?;
+    if a.json {
+        println!("{}", serde_json::to_string(&r)?);
+    } else {
+        println!(
+            "bench grpo-step: {:.2} s/step (sampling {:.2} s, scoring {:.2} s, update {:.2} s), {:.0} tokens/step, peak RSS {:.0} MiB",
+            r.seconds_per_step, r.sampling_s, r.scoring_s, r.update_s, r.tokens, r.peak_rss_mb
+        );
+    }
+    Ok(())
 }
 
 #[derive(clap::Args, Debug)]

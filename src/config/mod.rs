@@ -161,7 +161,7 @@ pub fn parse_device(s: &str) -> Result<candle_core::Device> {
     }
 }
 
-pub use crate::model::lora::LORA_TARGETS;
+use crate::model::lora::LORA_TARGETS;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -245,6 +245,19 @@ pub struct GrpoConfig {
     /// Weights of named reward components; empty: use the environment's scalar reward.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub reward_weights: BTreeMap<String, f64>,
+    /// DAPO's dynamic sampling: keep drawing prompts until `prompts_per_step` groups
+    /// have rewards that differ (a group whose rewards are all equal carries no
+    /// gradient), or `max_prompt_draws` prompts have been drawn.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub dynamic_sampling: bool,
+    /// Prompts drawn per step at most with `dynamic_sampling` (0: 4 x
+    /// `prompts_per_step`).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub max_prompt_draws: usize,
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
 }
 
 impl Default for GrpoConfig {
@@ -268,6 +281,8 @@ impl Default for GrpoConfig {
             mask_truncated_completions: false,
             num_iterations: 1,
             reward_weights: BTreeMap::new(),
+            dynamic_sampling: false,
+            max_prompt_draws: 0,
         }
     }
 }
@@ -294,6 +309,15 @@ impl GrpoConfig {
     }
     pub fn epsilon_high(&self) -> f64 {
         self.epsilon_high.unwrap_or(self.epsilon)
+    }
+    /// Prompts a step may draw: `prompts_per_step`, or up to `max_prompt_draws` (default
+    /// 4 x `prompts_per_step`) with dynamic sampling.
+    pub fn prompt_draw_budget(&self) -> usize {
+        match (self.dynamic_sampling, self.max_prompt_draws) {
+            (false, _) => self.prompts_per_step,
+            (true, 0) => 4 * self.prompts_per_step,
+            (true, n) => n,
+        }
     }
     /// Rows of one generation batch.
     pub fn batch_size(&self) -> usize {
@@ -490,6 +514,16 @@ impl Config {
         }
         if g.prompts_per_step == 0 {
             return Err(err("grpo", "prompts_per_step", "must be >= 1".into()));
+        }
+        if g.max_prompt_draws != 0 && g.max_prompt_draws < g.prompts_per_step {
+            return Err(err(
+                "grpo",
+                "max_prompt_draws",
+                format!(
+                    "{} is below prompts_per_step = {} (0: 4 x prompts_per_step)",
+                    g.max_prompt_draws, g.prompts_per_step
+                ),
+            ));
         }
         if g.max_completion_length == 0 {
             return Err(err("grpo", "max_completion_length", "must be >= 1".into()));

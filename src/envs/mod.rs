@@ -81,13 +81,13 @@
 //! [`REGISTRY`] is one table of [`EnvEntry`] rows (name, summary, constructor);
 //! [`create`], [`names`] and `concord envs list` all read it.
 
-pub mod episode;
 pub mod merge_ring;
+pub mod rollout;
 pub mod ticketmelt;
 pub mod tools;
 pub mod whispers;
 
-pub use episode::{
+pub use rollout::{
     eval_seed, play_episode, replay, sample_decision, score_decision, score_joint, training_seed,
     Decision, HELD_OUT_BIT,
 };

@@ -325,6 +325,55 @@ pub fn markdown_table(rows: &[BaselineRow]) -> String {
     s
 }
 
+/// `concord envs play`'s action source: a scripted policy, the continuation policy or a
+/// person on stdin, printing each round's state, prompts and answers.
+struct PrintingPolicy<'a, L> {
+    policy: Option<&'a str>,
+    human: bool,
+    prompts: bool,
+    lines: L,
+}
+
+impl<L: Iterator<Item = std::io::Result<String>>> super::rollout::Policy for PrintingPolicy<'_, L> {
+    fn act(
+        &mut self,
+        episodes: &mut [&mut dyn super::Environment],
+        turns: &[super::rollout::Turn],
+    ) -> anyhow::Result<Vec<String>> {
+        let mut texts = Vec::with_capacity(turns.len());
+        for t in turns {
+            let env: &mut dyn super::Environment = &mut *episodes[t.episode];
+            let (step, s) = (t.round + 1, t.seat);
+            if t.round > 0 && texts.is_empty() {
+                // The state after the previous round's step.
+                println!("{}", env.render_state());
+            }
+            if self.prompts || self.human {
+                for m in env.observation(s) {
+                    if self.human && m.role == "system" && step > 1 {
+                        continue;
+                    }
+                    println!("--- seat {s} [{}] ---\n{}", m.role, m.content);
+                }
+            }
+            let text = if self.human {
+                println!("--- your answer for seat {s} (one line) ---");
+                match self.lines.next() {
+                    Some(line) => line?,
+                    None => anyhow::bail!("stdin closed before the episode ended"),
+                }
+            } else if let Some(p) = self.policy {
+                env.policy_action(p, s)?
+            } else {
+                env.continuation_action(s)
+            };
+            println!("step {step} seat {s}: {text}");
+            texts.push(text);
+        }
+        Ok(texts)
+    }
+}
+
 /// Play one episode of `f`, printing the state after every step and the rewards.
 fn play_episode_printed(
     f: &dyn EnvFactory,
@@ -349,38 +398,14 @@ fn play_episode_printed(
         policy.unwrap_or("continuation")
     );
     println!("{}", env.render_state());
-    let stdin = std::io::stdin();
-    let mut lines = stdin.lock().lines();
-    let mut step = 0usize;
-    while !env.done() {
-        step += 1;
-        let mut actions = Vec::new();
-        for s in env.to_act() {
-            if prompts || human {
-                for m in env.observation(s) {
-                    if human && m.role == "system" && step > 1 {
-                        continue;
-                    }
-                    println!("--- seat {s} [{}] ---\n{}", m.role, m.content);
-                }
-            }
-            let text = if human {
-                println!("--- your answer for seat {s} (one line) ---");
-                match lines.next() {
-                    Some(line) => line?,
-                    None => anyhow::bail!("stdin closed before the episode ended"),
-                }
-            } else if let Some(p) = policy {
-                env.policy_action(p, s)?
-            } else {
-                env.continuation_action(s)
-            };
-            println!("step {step} seat {s}: {text}");
-            actions.push(text);
-        }
-        env.step(&actions)?;
-        println!("{}", env.render_state());
-    }
+    let mut printer = PrintingPolicy {
+        policy,
+        human,
+        prompts,
+        lines: std::io::stdin().lock().lines(),
+    };
+    super::rollout::play_one(env.as_mut(), &mut printer, super::rollout::MAX_ROUNDS)?;
+    println!("{}", env.render_state());
     println!("== rewards ==");
     for s in env.policy_seats() {
         let r = env.reward(s);

@@ -49,6 +49,12 @@ fn is_close_zero(x: f64) -> bool {
     x.abs() <= 1e-8
 }
 
+/// Whether one group's rewards differ (the group carries a policy gradient); the
+/// complement of what `frac_reward_zero_std` counts.
+pub fn group_has_signal(rewards: &[f64]) -> bool {
+    !is_close_zero(std_bessel(rewards))
+}
+
 /// Compute advantages for `rewards` laid out as consecutive groups of `group_size`.
 pub fn compute_advantages(
     rewards: &[f64],

@@ -1,7 +1,15 @@
 //! Collect: one step's prompts -> G completions each, sampled with the very weights
 //! being trained -> rewards, scored inline by the task -> group advantages.
-use super::advantage::weighted_reward;
-use super::advantage::{check_weights, compute_advantages, Advantages};
+//!
+//! With `dynamic_sampling` (DAPO, Yu et al. 2025, "DAPO: An Open-Source LLM
+//! Reinforcement Learning System at Scale", §3.2) groups whose rewards are all equal
+//! carry no gradient, so more prompts are drawn, round after round, until
+//! `prompts_per_step` groups differ or the draw budget is spent; the batch is then
+//! those groups, topped up with equal-reward groups in draw order when too few differ
+//! (so its size never changes).
+use super::advantage::{
+    check_weights, compute_advantages, group_has_signal, weighted_reward, Advantages,
+};
 use super::pack::Rollout;
 use crate::config::GrpoConfig;
 use crate::model::qwen2::Qwen2;
@@ -20,6 +28,12 @@ pub struct Batch {
     pub advantages: Advantages,
     /// Seconds spent sampling.
     pub gen_secs: f64,
+    /// Seconds spent scoring completions (the environments).
+    pub score_secs: f64,
+    /// Prompts drawn (more than `prompts.len()` with dynamic sampling).
+    pub prompt_draws: usize,
+    /// `frac_reward_zero_std` of every group drawn, before dynamic sampling kept some.
+    pub frac_zero_std_drawn: f64,
 }
 
 impl Batch {
@@ -38,6 +52,76 @@ impl Batch {
     }
 }
 
+/// One prompt and its scored completions.
+struct Group {
+    prompt: TaskPrompt,
+    rollouts: Vec<Rollout>,
+}
+
+impl Group {
+    fn has_signal(&self) -> bool {
+        let r: Vec<f64> = self.rollouts.iter().map(|r| r.scalar).collect();
+        group_has_signal(&r)
+    }
+}
+
+/// Seconds spent sampling and scoring.
+#[derive(Default)]
+struct Timing {
+    sample: f64,
+    score: f64,
+}
+
+/// Draw `n` prompts with `seed` and sample and score G completions of each.
+fn draw(
+    model: &Qwen2,
+    renderer: &dyn Renderer,
+    task: &mut dyn Task,
+    g: &GrpoConfig,
+    seed: u64,
+    n: usize,
+    timing: &mut Timing,
+) -> Result<Vec<Group>> {
+    let gsize = g.num_generations;
+    let prompts = task.prompts(seed, n, renderer)?;
+    let prompt_ids: Vec<Vec<u32>> = prompts.iter().map(|p| p.ids.clone()).collect();
+    let params = g.sampling_params(renderer.stop_ids(), mix(seed, 1));
+    let decode = |ids: &[u32]| renderer.decode(ids);
+    let t = Instant::now();
+    let samples = sample::sample_groups(model, &decode, &prompt_ids, gsize, &params, params.seed)?;
+    timing.sample += t.elapsed().as_secs_f64();
+    let t = Instant::now();
+    let mut groups = Vec::with_capacity(prompts.len());
+    for (pi, (prompt, comps)) in prompts.into_iter().zip(samples).enumerate() {
+        if comps.len() != gsize {
+            bail!(
+                "sampler returned {} completions for prompt {pi}, expected {gsize}",
+                comps.len()
+            );
+        }
+        let mut rollouts = Vec::with_capacity(gsize);
+        for c in comps {
+            let reward = task.score(&prompt, &c)?;
+            let scalar = weighted_reward(&reward.components, reward.scalar, &g.reward_weights);
+            rollouts.push(Rollout {
+                group: pi,
+                prompt_ids: prompt.ids.clone(),
+                env_mask: vec![1.0; c.ids.len()],
+                completion_ids: c.ids,
+                truncated: c.finish_reason == FinishReason::Length,
+                text: c.text,
+                reward,
+                scalar,
+                advantage: 0.0,
+                old_logp: None,
+            });
+        }
+        groups.push(Group { prompt, rollouts });
+    }
+    timing.score += t.elapsed().as_secs_f64();
+    Ok(groups)
+}
+
 /// Sample and score one step's batch. `seed` is the step's seed; `first_step` checks
 /// `reward_weights` against the components the task actually produces.
 pub fn collect(
@@ -48,40 +132,55 @@ pub fn collect(
     seed: u64,
     first_step: bool,
 ) -> Result<Batch> {
-    let gsize = g.num_generations;
-    let prompts = task.prompts(seed, g.prompts_per_step, renderer)?;
+    let want = g.prompts_per_step;
+    let budget = g.prompt_draw_budget();
+    let mut timing = Timing::default();
+    // Round 0 draws exactly what a step without dynamic sampling draws.
+    let mut drawn = draw(model, renderer, task, g, seed, want, &mut timing)?;
+    let mut round = 0u64;
+    while g.dynamic_sampling
+        && drawn.len() < budget
+        && drawn.iter().filter(|d| d.has_signal()).count() < want
+    {
+        round += 1;
+        let missing = want - drawn.iter().filter(|d| d.has_signal()).count();
+        let n = missing.min(budget - drawn.len());
+        let more = draw(
+            model,
+            renderer,
+            task,
+            g,
+            mix(seed, 1000 + round),
+            n,
+            &mut timing,
+        )?;
+        drawn.extend(more);
+    }
 
-    let t_gen = Instant::now();
-    let prompt_ids: Vec<Vec<u32>> = prompts.iter().map(|p| p.ids.clone()).collect();
-    let params = g.sampling_params(renderer.stop_ids(), mix(seed, 1));
-    let decode = |ids: &[u32]| renderer.decode(ids);
-    let groups = sample::sample_groups(model, &decode, &prompt_ids, gsize, &params, params.seed)?;
-    let gen_secs = t_gen.elapsed().as_secs_f64();
+    let prompt_draws = drawn.len();
+    let frac_zero_std_drawn =
+        drawn.iter().filter(|d| !d.has_signal()).count() as f64 / prompt_draws as f64;
+    let chosen: Vec<Group> = if drawn.len() > want {
+        let (mut keep, rest): (Vec<Group>, Vec<Group>) =
+            drawn.into_iter().partition(|d| d.has_signal());
+        keep.truncate(want);
+        let top_up = want - keep.len();
+        keep.extend(rest.into_iter().take(top_up));
+        keep
+    } else {
+        drawn
+    };
 
-    let mut rollouts = Vec::with_capacity(gsize * prompts.len());
-    for (pi, (p, comps)) in prompts.iter().zip(groups.iter()).enumerate() {
-        if comps.len() != gsize {
-            bail!(
-                "sampler returned {} completions for prompt {pi}, expected {gsize}",
-                comps.len()
-            );
-        }
-        for c in comps {
-            let reward = task.score(p, c)?;
-            let scalar = weighted_reward(&reward.components, reward.scalar, &g.reward_weights);
-            rollouts.push(Rollout {
-                group: pi,
-                prompt_ids: p.ids.clone(),
-                completion_ids: c.ids.clone(),
-                env_mask: vec![1.0; c.ids.len()],
-                truncated: c.finish_reason == FinishReason::Length,
-                text: c.text.clone(),
-                reward,
-                scalar,
-                advantage: 0.0,
-                old_logp: None,
-            });
-        }
+    let mut prompts = Vec::with_capacity(chosen.len());
+    let mut rollouts = Vec::with_capacity(chosen.len() * g.num_generations);
+    for (gi, group) in chosen.into_iter().enumerate() {
+        prompts.push(group.prompt);
+        rollouts.extend(
+            group
+                .rollouts
+                .into_iter()
+                .map(|r| Rollout { group: gi, ..r }),
+        );
     }
     if first_step {
         check_weights(
@@ -90,7 +189,7 @@ pub fn collect(
         )?;
     }
     let rewards: Vec<f64> = rollouts.iter().map(|r| r.scalar).collect();
-    let advantages = compute_advantages(&rewards, gsize, g.scale_rewards)?;
+    let advantages = compute_advantages(&rewards, g.num_generations, g.scale_rewards)?;
     for (r, a) in rollouts.iter_mut().zip(&advantages.values) {
         r.advantage = *a;
     }
@@ -98,6 +197,9 @@ pub fn collect(
         prompts,
         rollouts,
         advantages,
-        gen_secs,
+        gen_secs: timing.sample,
+        score_secs: timing.score,
+        prompt_draws,
+        frac_zero_std_drawn,
     })
 }

@@ -87,3 +87,107 @@ pub fn bench_train(a: &BenchTrainOptions) -> Result<()> {
     }
     Ok(())
 }
+
+/// What `concord bench grpo-step` measures.
+#[derive(Debug, Clone)]
+pub struct BenchStepOptions {
+    /// The run configuration (TOML); its run directory is not touched.
+    pub config: std::path::PathBuf,
+    /// `section.key=value` overrides.
+    pub sets: Vec<String>,
+    /// Overrides `[model] name`.
+    pub model: Option<String>,
+    /// Timed steps (after one untimed warm-up step).
+    pub steps: usize,
+}
+
+/// The timings of full GRPO steps, averaged over the timed steps.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct BenchStepReport {
+    pub seconds_per_step: f64,
+    pub sampling_s: f64,
+    pub scoring_s: f64,
+    pub update_s: f64,
+    /// Prompt + completion tokens per step (each completion counts its prompt).
+    pub tokens: f64,
+    pub completion_tokens: f64,
+    /// Token positions through the training forward per step.
+    pub trained_tokens: f64,
+    pub steps: usize,
+    pub peak_rss_mb: f64,
+}
+
+/// Time full GRPO steps of a config: sampling, scoring, forward + backward and the
+/// optimizer. Groups whose rewards tie would skip the update; here their advantages
+/// are replaced by small alternating values so that every step pays for a full
+/// update, as a step with informative groups does.
+pub fn bench_step(o: &BenchStepOptions) -> Result<BenchStepReport> {
+    let mut sets = o.sets.clone();
+    if let Some(m) = &o.model {
+        sets.push(format!("model.name={}", toml_string(m)));
+    }
+    let scratch = std::env::temp_dir().join(format!("concord-bench-step-{}", std::process::id()));
+    sets.push(format!(
+        "run.output_dir={}",
+        toml_string(&scratch.display().to_string())
+    ));
+    sets.push("run.name=bench".into());
+    let cfg = crate::config::Config::load(&o.config, &sets)?;
+    let stages = crate::curriculum::build(&cfg)?;
+    let (model, renderer, base) = crate::task::load_model(&cfg)?;
+    let mut t = super::trainer::Trainer::with_stages(cfg, model, renderer, stages, base, false)?;
+    t.quiet = true;
+    let result = (|| {
+        let mut sums = [0.0f64; 7];
+        let timed = o.steps.max(1);
+        for i in 0..=timed {
+            let t0 = Instant::now();
+            let stage = t.stage_index();
+            let seed = t.step_seed();
+            let mut batch = t.collect(stage, seed)?;
+            for r in batch.rollouts.iter_mut().filter(|r| r.advantage == 0.0) {
+                r.advantage = if r.completion_ids.len() % 2 == 0 {
+                    1e-3
+                } else {
+                    -1e-3
+                };
+            }
+            let stats = t.update(stage, &mut batch, seed)?;
+            t.state.step += 1;
+            if i == 0 {
+                continue; // warm-up
+            }
+            let parts = [
+                t0.elapsed().as_secs_f64(),
+                batch.gen_secs,
+                batch.score_secs,
+                stats.secs,
+                (batch.prompt_tokens() + batch.gen_tokens()) as f64,
+                batch.gen_tokens() as f64,
+                stats.trained_tokens as f64,
+            ];
+            for (s, p) in sums.iter_mut().zip(parts) {
+                *s += p;
+            }
+        }
+        let n = timed as f64;
+        Ok(BenchStepReport {
+            seconds_per_step: sums[0] / n,
+            sampling_s: sums[1] / n,
+            scoring_s: sums[2] / n,
+            update_s: sums[3] / n,
+            tokens: sums[4] / n,
+            completion_tokens: sums[5] / n,
+            trained_tokens: sums[6] / n,
+            steps: timed,
+            peak_rss_mb: crate::sys::peak_rss_mb(),
+        })
+    })();
+    let _ = std::fs::remove_dir_all(&scratch);
+    result
+}
+
+/// `s` as a TOML string value (for `--set`).
+fn toml_string(s: &str) -> String {
+    toml::Value::String(s.to_string()).to_string()
+}

@@ -20,7 +20,9 @@ pub fn row(batch: &Batch, upd: &UpdateStats) -> StepRow {
     StepRow {
         reward: batch.advantages.reward_mean,
         reward_std: batch.advantages.reward_std,
-        frac_reward_zero_std: batch.advantages.frac_reward_zero_std,
+        // Over every group drawn (the same as the batch's without dynamic sampling).
+        frac_reward_zero_std: batch.frac_zero_std_drawn,
+        prompt_draws: batch.prompt_draws as f64,
         components: component_stats(&comps),
         mean_length: mean(&lens),
         min_length: lens.iter().cloned().fold(f64::INFINITY, f64::min),

@@ -134,7 +134,7 @@ impl Trainer {
             names.sort();
             names.dedup();
             if !names.is_empty() {
-                state.csv_header = log::csv_header(&names);
+                state.csv_header = log::csv_header(&names, dynamic_sampling(&stages));
             }
         }
         let total_steps = total_steps(&cfg, &stages);
@@ -158,7 +158,7 @@ impl Trainer {
     }
 
     /// The index of the stage the next step belongs to.
-    fn stage_index(&self) -> usize {
+    pub(super) fn stage_index(&self) -> usize {
         self.state.stage.min(self.stages.len() - 1)
     }
 
@@ -237,7 +237,7 @@ impl Trainer {
     pub fn step_with(&mut self, edit: impl FnOnce(&mut Batch)) -> Result<StepRow> {
         let t_start = Instant::now();
         let stage = self.stage_index();
-        let seed = mix(self.cfg.run.seed, self.state.step as u64);
+        let seed = self.step_seed();
         let mut batch = self.collect(stage, seed)?;
         edit(&mut batch);
         let stats = self.update(stage, &mut batch, seed)?;
@@ -246,9 +246,14 @@ impl Trainer {
         Ok(row)
     }
 
+    /// The seed of the next step: a pure function of `(run.seed, step)`.
+    pub(super) fn step_seed(&self) -> u64 {
+        mix(self.cfg.run.seed, self.state.step as u64)
+    }
+
     /// Prompts -> G completions each (sampled with the adapter on) -> rewards ->
     /// advantages.
-    fn collect(&mut self, stage: usize, seed: u64) -> Result<Batch> {
+    pub(super) fn collect(&mut self, stage: usize, seed: u64) -> Result<Batch> {
         self.model.set_adapter_enabled(true);
         let first_step = self.state.step == 0 || self.state.csv_header.is_empty();
         let st = &mut self.stages[stage];
@@ -263,7 +268,12 @@ impl Trainer {
     }
 
     /// `num_iterations` AdamW updates on the batch.
-    fn update(&mut self, stage: usize, batch: &mut Batch, seed: u64) -> Result<UpdateStats> {
+    pub(super) fn update(
+        &mut self,
+        stage: usize,
+        batch: &mut Batch,
+        seed: u64,
+    ) -> Result<UpdateStats> {
         let cfg = &self.stages[stage].cfg;
         self.opt.params = AdamWParams::from_config(&cfg.optim);
         Learner {
@@ -301,7 +311,7 @@ impl Trainer {
         };
         if self.state.csv_header.is_empty() {
             let names: Vec<String> = row.components.keys().cloned().collect();
-            self.state.csv_header = log::csv_header(&names);
+            self.state.csv_header = log::csv_header(&names, dynamic_sampling(&self.stages));
         }
         log::append_row(&self.run_dir, &self.state.csv_header, &row)?;
         let samples = metrics::samples(
@@ -346,6 +356,11 @@ impl Trainer {
         self.model.save_adapter(&self.run_dir, &self.base_model)?;
         Ok(dir)
     }
+}
+
+/// Whether any stage draws prompts dynamically (the log then has its columns).
+fn dynamic_sampling(stages: &[Stage]) -> bool {
+    stages.iter().any(|s| s.cfg.grpo.dynamic_sampling)
 }
 
 /// What `concord train` needs.

@@ -43,11 +43,11 @@ use candle_core::quantized::GgmlDType;
 use candle_core::{DType, Device};
 use serde_json::json;
 
-use super::generation::GenerationConfig;
-use super::load::{
+use super::checkpoint::{
     check_dtype_supported, default_dtype, expected_shapes, Checkpoint, CheckpointConfig,
     ModelFiles, ARCHITECTURE,
 };
+use super::generation::GenerationConfig;
 use super::qwen2::{Qwen2Config, Weights};
 use super::tokenizer::Tokenizer;
 
@@ -97,12 +97,7 @@ pub struct GgufModel {
     pub tensor_types: BTreeMap<String, usize>,
 }
 
-/// True when `path` names a GGUF file (extension `.gguf`, any case).
-pub fn is_gguf_path(path: &Path) -> bool {
-    path.extension()
-        .and_then(|e| e.to_str())
-        .is_some_and(|e| e.eq_ignore_ascii_case("gguf"))
-}
+pub use super::checkpoint::is_gguf_path;
 
 /// The llama.cpp name of a Hugging Face Qwen2 tensor name (None: not a Qwen2 tensor).
 pub fn gguf_tensor_name(hf: &str) -> Option<String> {

@@ -4,12 +4,14 @@
 //!
 //! - [`qwen2`], [`lora`], [`ops`], [`skinny`]: the network and its custom ops;
 //! - [`load`]: the one way to get a model ([`load::load_model`] over a [`load::ModelSpec`]);
-//!   [`gguf`] reads llama.cpp / Ollama `.gguf` files for it;
+//!   [`checkpoint`] reads safetensors checkpoints (local or Hub) and [`gguf`] llama.cpp /
+//!   Ollama `.gguf` files for it;
 //! - [`tokenizer`]: tokenizer, chat template and the [`tokenizer::Renderer`] trait;
 //! - [`generation`]: the generation_config.json schema;
 //! - [`tiny`], [`adapter`]: deterministic random checkpoints and adapters (tests, parity);
 //! - [`score`]: log-probabilities of a completion (`concord score`).
 pub mod adapter;
+pub mod checkpoint;
 pub mod generation;
 pub mod gguf;
 pub mod load;

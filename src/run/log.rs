@@ -21,6 +21,8 @@ pub struct StepRow {
     pub reward: f64,
     pub reward_std: f64,
     pub frac_reward_zero_std: f64,
+    /// Prompts drawn this step (dynamic sampling only).
+    pub prompt_draws: f64,
     /// Reward component name -> (mean, std) over the step's completions.
     pub components: BTreeMap<String, (f64, f64)>,
     pub mean_length: f64,
@@ -55,6 +57,10 @@ pub const HEAD_COLUMNS: &[Column] = &[
     ("frac_reward_zero_std", |r| r.frac_reward_zero_std),
 ];
 
+/// Written after [`HEAD_COLUMNS`] by runs with `grpo.dynamic_sampling` (whose
+/// `frac_reward_zero_std` then counts every group drawn, before filtering).
+pub const DYNAMIC_SAMPLING_COLUMNS: &[Column] = &[("prompt_draws", |r| r.prompt_draws)];
+
 /// Numeric columns after the reward components.
 pub const TAIL_COLUMNS: &[Column] = &[
     ("completions/mean_length", |r| r.mean_length),
@@ -88,9 +94,12 @@ pub const TIMING_COLUMNS: &[&str] = &[
 ];
 
 /// The header for a run whose reward components are `components` (sorted names).
-pub fn csv_header(components: &[String]) -> Vec<String> {
+pub fn csv_header(components: &[String], dynamic_sampling: bool) -> Vec<String> {
     let mut h = vec!["step".to_string(), "stage".into(), "env".into()];
     h.extend(HEAD_COLUMNS.iter().map(|(n, _)| n.to_string()));
+    if dynamic_sampling {
+        h.extend(DYNAMIC_SAMPLING_COLUMNS.iter().map(|(n, _)| n.to_string()));
+    }
     for c in components {
         h.push(format!("rewards/{c}/mean"));
         h.push(format!("rewards/{c}/std"));
@@ -130,6 +139,7 @@ pub fn csv_line(header: &[String], row: &StepRow) -> String {
         }
         HEAD_COLUMNS
             .iter()
+            .chain(DYNAMIC_SAMPLING_COLUMNS)
             .chain(TAIL_COLUMNS)
             .find(|(n, _)| *n == c)
             .map_or(String::new(), |(_, get)| fmt_f(get(row)))
@@ -374,7 +384,7 @@ mod tests {
 
     #[test]
     fn written_rows_read_back_by_name() {
-        let header = csv_header(&["win".to_string()]);
+        let header = csv_header(&["win".to_string()], false);
         let row = StepRow {
             step: 3,
             stage: "main".into(),

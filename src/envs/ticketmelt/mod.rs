@@ -85,7 +85,54 @@ pub mod rules;
 pub use parse::{answer_json, clean_message, parse_action, ParseHow, Parsed};
 pub use policies::{BaselineStats, Policy, Pool, POLICIES, POOLS};
 pub use render::describe;
-pub use rules::{Action, Outcome, RewardParts, Rng, Ticketmelt};
+pub use rules::{Outcome, RewardParts, Rng, Ticketmelt};
+
+/// One commitment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Action {
+    #[default]
+    Monitor = 0,
+    DeployA = 1,
+    DeployB = 2,
+}
+
+impl Action {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Action::Monitor => "MONITOR",
+            Action::DeployA => "DEPLOY_PROD_A",
+            Action::DeployB => "DEPLOY_PROD_B",
+        }
+    }
+    fn server(self) -> Option<usize> {
+        match self {
+            Action::Monitor => None,
+            Action::DeployA => Some(0),
+            Action::DeployB => Some(1),
+        }
+    }
+    fn from_server(s: usize) -> Self {
+        if s == 0 {
+            Action::DeployA
+        } else {
+            Action::DeployB
+        }
+    }
+    fn mirrored(self) -> Self {
+        match self {
+            Action::Monitor => Action::Monitor,
+            Action::DeployA => Action::DeployB,
+            Action::DeployB => Action::DeployA,
+        }
+    }
+    /// Parse an exact commitment value (trimmed, ASCII case-insensitive).
+    pub fn from_commitment(s: &str) -> Option<Self> {
+        let t = s.trim();
+        [Action::DeployA, Action::DeployB, Action::Monitor]
+            .into_iter()
+            .find(|a| t.eq_ignore_ascii_case(a.as_str()))
+    }
+}
 
 use crate::envs::tools::{wilson_ci, BaselineRow, BenchResult};
 use crate::envs::{

@@ -1,7 +1,6 @@
 //! The validating action parser: completion text -> commitment and channel message.
 
-use super::rules::Action;
-use super::{MAX_PARSE_BYTES, MSG_CHARS};
+use super::{Action, MAX_PARSE_BYTES, MSG_CHARS};
 use serde_json::{json, Value};
 
 /// How a completion was understood.

@@ -3,7 +3,8 @@
 
 #![allow(clippy::needless_range_loop)]
 
-use super::rules::{Action, Msg, Rng, Ticketmelt};
+use super::rules::{Msg, Rng, Ticketmelt};
+use super::Action;
 use super::{Rules, TicketmeltFactory, SEATS};
 use crate::envs::tools::{measure, BenchResult};
 

@@ -4,7 +4,8 @@
 #![allow(clippy::needless_range_loop)]
 
 use super::parse::answer_json;
-use super::rules::{Action, Msg, Outcome, SeatKind, Ticketmelt};
+use super::rules::{Msg, Outcome, SeatKind, Ticketmelt};
+use super::Action;
 use super::{Rules, UrgentFailure, SEATS, SERVICES};
 use serde_json::{json, Value};
 use std::fmt::Write as _;

@@ -4,7 +4,7 @@
 #![allow(clippy::needless_range_loop)]
 
 use super::parse::{feedback, parse_action};
-use super::{Policy, Pool, Rules, UrgentFailure, WinRule, MAX_ROUNDS, SEATS};
+use super::{Action, Policy, Pool, Rules, UrgentFailure, WinRule, MAX_ROUNDS, SEATS};
 use crate::envs::{Reward, StepOutcome};
 use crate::rng::splitmix64_next;
 use std::collections::BTreeMap;
@@ -55,53 +55,6 @@ impl Rng {
     #[inline]
     pub fn unit(&mut self) -> f64 {
         (self.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
-    }
-}
-
-/// One commitment.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Action {
-    #[default]
-    Monitor = 0,
-    DeployA = 1,
-    DeployB = 2,
-}
-
-impl Action {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Action::Monitor => "MONITOR",
-            Action::DeployA => "DEPLOY_PROD_A",
-            Action::DeployB => "DEPLOY_PROD_B",
-        }
-    }
-    pub(super) fn server(self) -> Option<usize> {
-        match self {
-            Action::Monitor => None,
-            Action::DeployA => Some(0),
-            Action::DeployB => Some(1),
-        }
-    }
-    pub(super) fn from_server(s: usize) -> Self {
-        if s == 0 {
-            Action::DeployA
-        } else {
-            Action::DeployB
-        }
-    }
-    pub(super) fn mirrored(self) -> Self {
-        match self {
-            Action::Monitor => Action::Monitor,
-            Action::DeployA => Action::DeployB,
-            Action::DeployB => Action::DeployA,
-        }
-    }
-    /// Parse an exact commitment value (trimmed, ASCII case-insensitive).
-    pub fn from_commitment(s: &str) -> Option<Self> {
-        let t = s.trim();
-        [Action::DeployA, Action::DeployB, Action::Monitor]
-            .into_iter()
-            .find(|a| t.eq_ignore_ascii_case(a.as_str()))
     }
 }
 

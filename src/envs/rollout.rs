@@ -1,7 +1,123 @@
-//! Driving episodes: single decisions (sample and score, for GRPO on one decision),
-//! whole episodes with any action source, replay, and the train/eval seed split.
+//! The one episode driver, and what is built on it.
+//!
+//! [`play`] plays any number of episodes side by side with any action source (a
+//! [`Policy`]): each round it asks the policy for every seat in every unfinished
+//! episode's [`Environment::to_act`] at once (so a model can sample the whole round in
+//! one batch), then steps each episode with its seats' texts. Sequential and
+//! simultaneous games both fit, because the environment says whose turn it is.
+//!
+//! Built on it: single decisions for GRPO ([`sample_decision`], [`score_decision`],
+//! [`score_joint`]), whole episodes with a per-seat callback ([`play_episode`]),
+//! `concord eval` (the model as the policy) and `concord envs play`; plus [`replay`]
+//! and the train/eval seed split.
 
 use super::{EnvFactory, Environment, Message, Reward};
+use anyhow::{ensure, Result};
+
+/// One seat that must act now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Turn {
+    /// Index of the episode in the slice being played.
+    pub episode: usize,
+    /// Rounds played before this one (0 for the first).
+    pub round: u64,
+    pub seat: usize,
+}
+
+/// Where actions come from.
+pub trait Policy {
+    /// One text per turn, in the order of `turns`; turn `t` belongs to
+    /// `episodes[t.episode]`.
+    fn act(&mut self, episodes: &mut [&mut dyn Environment], turns: &[Turn])
+        -> Result<Vec<String>>;
+}
+
+/// The environment's own continuation policy in every seat (the [`super::Scripted`]
+/// capability).
+pub struct Continuation;
+
+impl Policy for Continuation {
+    fn act(
+        &mut self,
+        episodes: &mut [&mut dyn Environment],
+        turns: &[Turn],
+    ) -> Result<Vec<String>> {
+        Ok(turns
+            .iter()
+            .map(|t| episodes[t.episode].continuation_action(t.seat))
+            .collect())
+    }
+}
+
+/// A policy that answers one turn at a time: `f(episode, seat)`.
+pub struct EachTurn<F>(pub F);
+
+impl<F: FnMut(&mut dyn Environment, usize) -> Result<String>> Policy for EachTurn<F> {
+    fn act(
+        &mut self,
+        episodes: &mut [&mut dyn Environment],
+        turns: &[Turn],
+    ) -> Result<Vec<String>> {
+        turns
+            .iter()
+            .map(|t| (self.0)(&mut *episodes[t.episode], t.seat))
+            .collect()
+    }
+}
+
+/// Play `episodes` until each is done or `max_rounds` rounds have been played; returns
+/// the rounds played. A step error (which the environment only raises for a malformed
+/// call, never for bad text) ends the play with that error.
+pub fn play(
+    episodes: &mut [&mut dyn Environment],
+    policy: &mut dyn Policy,
+    max_rounds: u64,
+) -> Result<u64> {
+    let mut round = 0;
+    while round < max_rounds {
+        let pending: Vec<usize> = (0..episodes.len())
+            .filter(|&i| !episodes[i].done())
+            .collect();
+        if pending.is_empty() {
+            break;
+        }
+        let turns: Vec<Turn> = pending
+            .iter()
+            .flat_map(|&i| {
+                episodes[i].to_act().into_iter().map(move |seat| Turn {
+                    episode: i,
+                    round,
+                    seat,
+                })
+            })
+            .collect();
+        let mut texts = policy.act(episodes, &turns)?.into_iter();
+        ensure!(
+            texts.len() == turns.len(),
+            "the policy gave {} actions for {} turns",
+            texts.len(),
+            turns.len()
+        );
+        let mut at = 0;
+        for &i in &pending {
+            let n = turns[at..].iter().take_while(|t| t.episode == i).count();
+            let actions: Vec<String> = texts.by_ref().take(n).collect();
+            at += n;
+            episodes[i].step(&actions)?;
+        }
+        round += 1;
+    }
+    Ok(round)
+}
+
+/// [`play`] of one episode.
+pub fn play_one(
+    env: &mut dyn Environment,
+    policy: &mut dyn Policy,
+    max_rounds: u64,
+) -> Result<u64> {
+    play(&mut [env], policy, max_rounds)
+}
 
 /// One policy seat at one state: the unit GRPO trains on.
 pub struct Decision {
@@ -40,16 +156,6 @@ impl std::fmt::Debug for Decision {
     }
 }
 
-/// Play one continuation step (one text per acting seat).
-fn continuation_step(env: &mut dyn Environment) -> bool {
-    let actions: Vec<String> = env
-        .to_act()
-        .into_iter()
-        .map(|s| env.continuation_action(s))
-        .collect();
-    env.step(&actions).is_ok()
-}
-
 /// A decision, a pure function of `seed`: reset with `seed`, measure the continuation
 /// rollout's length L on a copy, advance `k` uniform in `0..L` steps with the
 /// continuation policy, and pick uniformly among the policy seats that are still
@@ -57,13 +163,8 @@ fn continuation_step(env: &mut dyn Environment) -> bool {
 pub fn sample_decision(factory: &dyn EnvFactory, seed: u64) -> Decision {
     let base = factory.reset(seed);
     let mut probe = base.clone_box();
-    let mut len = 0usize;
-    while !probe.done() && len < 100_000 {
-        if !continuation_step(probe.as_mut()) {
-            break;
-        }
-        len += 1;
-    }
+    // The continuation policy's texts are valid actions: its steps do not fail.
+    let len = play_one(probe.as_mut(), &mut Continuation, 100_000).unwrap_or(0) as usize;
     let r1 = crate::rng::splitmix64(seed ^ 0xD1B5_4A32_D192_ED03);
     let r2 = crate::rng::splitmix64(r1);
     let k = if len == 0 {
@@ -72,13 +173,7 @@ pub fn sample_decision(factory: &dyn EnvFactory, seed: u64) -> Decision {
         (r1 % len as u64) as usize
     };
     let mut env = base.clone_box();
-    let mut steps = 0;
-    while steps < k && !env.done() {
-        if !continuation_step(env.as_mut()) {
-            break;
-        }
-        steps += 1;
-    }
+    let mut steps = play_one(env.as_mut(), &mut Continuation, k as u64).unwrap_or(0) as usize;
     let mut seats: Vec<usize> = env
         .policy_seats()
         .into_iter()
@@ -160,21 +255,16 @@ pub fn eval_seed(i: u64) -> u64 {
 pub fn play_episode(
     factory: &dyn EnvFactory,
     seed: u64,
-    mut act: impl FnMut(&mut dyn Environment, usize) -> anyhow::Result<String>,
+    act: impl FnMut(&mut dyn Environment, usize) -> anyhow::Result<String>,
 ) -> anyhow::Result<Box<dyn Environment>> {
     let mut env = factory.reset(seed);
-    let mut guard = 0;
-    while !env.done() {
-        let mut actions = Vec::new();
-        for s in env.to_act() {
-            actions.push(act(env.as_mut(), s)?);
-        }
-        env.step(&actions)?;
-        guard += 1;
-        anyhow::ensure!(guard < 1_000_000, "episode did not end");
-    }
+    play_one(env.as_mut(), &mut EachTurn(act), MAX_ROUNDS)?;
+    ensure!(env.done(), "episode did not end after {MAX_ROUNDS} rounds");
     Ok(env)
 }
+
+/// Rounds after which an episode is taken to be stuck.
+pub const MAX_ROUNDS: u64 = 1_000_000;
 
 /// Rebuild an episode from a transcript's `seed` and `steps`.
 pub fn replay(

@@ -1,0 +1,16 @@
+//! Concord's integration tests, one binary (as ripgrep does): one module per area,
+//! shared helpers in [`util`]. `merge_ring.rs` is a binary of its own (it measures the
+//! process's peak memory). Run one area with `cargo test --test tests grpo_train::`.
+mod util;
+
+mod eval;
+mod export;
+mod gguf;
+mod grpo_math;
+mod grpo_train;
+mod load_checkpoint;
+mod model_core;
+mod parity;
+mod plot;
+mod sample_model;
+mod ticketmelt;
