@@ -14,3 +14,4 @@ mod parity;
 mod plot;
 mod sample_model;
 mod ticketmelt;
+mod whispers;
