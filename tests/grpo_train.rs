@@ -597,7 +597,7 @@ impl Task for HalfDead {
     }
     fn score(&self, p: &TaskPrompt, c: &Completion) -> anyhow::Result<Reward> {
         let mut r = TokenShare.score(p, c)?;
-        if p.ids[0] % 2 == 0 {
+        if p.ids[0].is_multiple_of(2) {
             r.scalar = 0.0;
             r.components.insert("share".into(), 0.0);
         }

@@ -15,3 +15,4 @@ mod plot;
 mod reliability;
 mod sample_model;
 mod ticketmelt;
+mod whispers;

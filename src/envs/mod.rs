@@ -85,6 +85,7 @@ pub mod merge_ring;
 pub mod rollout;
 pub mod ticketmelt;
 pub mod tools;
+pub mod whispers;
 
 pub use rollout::{
     eval_seed, play_episode, replay, sample_decision, score_decision, score_joint, training_seed,
@@ -398,9 +399,9 @@ pub static REGISTRY: &[EnvEntry] = &[
         create: None,
     },
     EnvEntry {
-        name: "whispers",
+        name: whispers::NAME,
         summary: "information triage among witnesses, relays and liars",
-        create: None,
+        create: Some(whispers::factory),
     },
 ];
 
