@@ -13,4 +13,5 @@ mod model_core;
 mod parity;
 mod plot;
 mod sample_model;
+mod shared_prompt;
 mod ticketmelt;
