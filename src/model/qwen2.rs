@@ -11,6 +11,8 @@
 //! let hidden = model.forward(&ids, Some(&mask), Mode::Train { dropout_seed: step })?;
 //! let lp = model.token_logprobs(&hidden.narrow(1, p - 1, c)?, &targets, 1.0, true)?;
 //! let grads = loss(lp.logprobs).backward()?; // holds only LoRA vars
+//! // One GRPO group: its prompt [1, P] once, the G completions [G, C] against its K/V.
+//! let (h_prompt, h_comp) = model.forward_shared_prefix(&prompt, &comps, Some(&cmask), mode)?;
 //! // Reference policy: the same model with the adapter off, no graph.
 //! model.set_adapter_enabled(false);
 //! let ref_hidden = model.forward(&ids, Some(&mask), Mode::Detached)?;
