@@ -14,5 +14,6 @@ mod parity;
 mod plot;
 mod reliability;
 mod sample_model;
+mod shared_prompt;
 mod ticketmelt;
 mod whispers;

@@ -347,6 +347,13 @@ pub struct OptimConfig {
     pub schedule: Schedule,
     /// Sequences per forward/backward (gradient accumulation); 0: the whole batch.
     pub micro_batch: usize,
+    /// Run each group's shared prompt through the training forward once (its keys and
+    /// values, with their graph, shared by the group's completions) instead of once per
+    /// completion. Micro-batches are then cut at group boundaries: whole groups, at most
+    /// `micro_batch` rows unless a single group is larger. Same log-probs and gradients
+    /// up to float rounding without LoRA dropout; with dropout, a prompt token's mask is
+    /// shared by the group. Default off.
+    pub share_prompt: bool,
 }
 
 impl Default for OptimConfig {
@@ -360,6 +367,7 @@ impl Default for OptimConfig {
             warmup_steps: 0,
             schedule: Schedule::Linear,
             micro_batch: 0,
+            share_prompt: false,
         }
     }
 }

@@ -2,16 +2,30 @@
 //! log-probs (never `[B, T, vocab]`) -> loss -> backward on the LoRA variables,
 //! accumulated -> NaN/inf check -> global-norm clipping -> AdamW with the scheduled
 //! learning rate; `num_iterations` times over the same batch.
+//!
+//! With `[optim] share_prompt = true`, each group's prompt goes through the model once
+//! per micro-batch ([`completion_logprobs_shared`], [`Qwen2::forward_shared_prefix`]) and
+//! micro-batches are cut at group boundaries (whole groups, at most `micro_batch` rows
+//! unless one group alone is larger). The loss normalisation does not change (it is
+//! computed over the whole batch). Without LoRA dropout the update equals the unshared
+//! one up to float rounding; with dropout, a prompt token's dropout mask is shared by
+//! the group's completions.
 use super::batch::Batch;
 use super::loss::{grpo_loss, LossInputs, LossParams, LossScale, LossStats};
 use super::optim::{clip_grad_norm, AdamW, LrSchedule};
 use super::pack::{micro_batches, pack, Packed, Rollout};
 use crate::config::{GrpoConfig, OptimConfig};
+use crate::model::ops;
 use crate::model::qwen2::{Mode, Qwen2};
 use crate::rng::mix_seeds as mix;
-use anyhow::Result;
+use anyhow::{bail, Result};
 use candle_core::{DType, Tensor};
+use std::collections::HashMap;
+use std::ops::Range;
 use std::time::Instant;
+
+/// One micro-batch: rollout indices, and with prompt sharing each group's row range in it.
+type MicroBatch = (Vec<usize>, Option<Vec<Range<usize>>>);
 
 /// What an update did.
 #[derive(Debug, Clone, Default)]
@@ -59,30 +73,42 @@ impl Learner<'_> {
             .filter(|&i| g.beta > 0.0 || rollouts[i].advantage != 0.0)
             .filter(|&i| !rollouts[i].completion_ids.is_empty())
             .collect();
+        // The micro-batches: row indices into `rollouts`, and with prompt sharing the
+        // row ranges (within the micro-batch) of each group.
+        let plan: Vec<MicroBatch> = if optim.share_prompt {
+            shared_micro_batches(rollouts, &active, optim.micro_batch)
+                .into_iter()
+                .map(|(rows, groups)| (rows, Some(groups)))
+                .collect()
+        } else {
+            micro_batches(active.len(), optim.micro_batch)
+                .into_iter()
+                .map(|r| (active[r].to_vec(), None))
+                .collect()
+        };
         let mut out = UpdateStats::default();
         for iter in 0..g.num_iterations {
             let mut acc: Option<Vec<Tensor>> = None;
             let mut it_stats = LossStats::default();
-            for (mi, range) in micro_batches(active.len(), optim.micro_batch)
-                .into_iter()
-                .enumerate()
-            {
-                if range.is_empty() {
+            for (mi, (idx, groups)) in plan.iter().enumerate() {
+                if idx.is_empty() {
                     continue;
                 }
-                let rows: Vec<&Rollout> = active[range.clone()]
-                    .iter()
-                    .map(|&i| &rollouts[i])
-                    .collect();
+                let rows: Vec<&Rollout> = idx.iter().map(|&i| &rollouts[i]).collect();
                 let packed = pack(&rows, self.pad_id, g.mask_truncated_completions)?;
                 let dropout_seed = mix(mix(seed, 2 + iter as u64), mi as u64);
-                let (lp, ent) = completion_logprobs(
-                    self.model,
-                    &packed,
-                    Mode::Train { dropout_seed },
-                    g.temperature,
-                    true,
-                )?;
+                let logprobs = |mode: Mode, entropy: bool| match groups {
+                    Some(gr) => completion_logprobs_shared(
+                        self.model,
+                        &packed,
+                        gr,
+                        mode,
+                        g.temperature,
+                        entropy,
+                    ),
+                    None => completion_logprobs(self.model, &packed, mode, g.temperature, entropy),
+                };
+                let (lp, ent) = logprobs(Mode::Train { dropout_seed }, true)?;
                 let dev = lp.device().clone();
                 let (b, c) = (packed.rows, packed.comp_len);
                 let mask = Tensor::from_vec(packed.mask.clone(), (b, c), &dev)?;
@@ -96,13 +122,7 @@ impl Learner<'_> {
                     // With LoRA the reference policy is the base model: the same
                     // weights with the adapter switched off, no copy.
                     self.model.set_adapter_enabled(false);
-                    let r = completion_logprobs(
-                        self.model,
-                        &packed,
-                        Mode::Detached,
-                        g.temperature,
-                        false,
-                    );
+                    let r = logprobs(Mode::Detached, false);
                     self.model.set_adapter_enabled(true);
                     Some(r?.0)
                 } else {
@@ -124,14 +144,17 @@ impl Learner<'_> {
                 if g.num_iterations > 1 && iter == 0 {
                     // Record the sampling-time policy's log-probs for later iterations.
                     let rows_lp: Vec<Vec<f32>> = lp.detach().to_vec2()?;
-                    for (k, &ri) in active[range].iter().enumerate() {
+                    for (k, &ri) in idx.iter().enumerate() {
                         let n = rollouts[ri].completion_ids.len();
                         rollouts[ri].old_logp = Some(rows_lp[k][..n].to_vec());
                     }
                 }
                 let grads = loss_out.loss.backward()?;
                 self.opt.accumulate(&mut acc, &grads)?;
-                out.trained_tokens += b * packed.width;
+                out.trained_tokens += match groups {
+                    Some(gr) => shared_tokens(&packed, gr),
+                    None => b * packed.width,
+                };
             }
             let mut grads = match acc {
                 Some(a) => a,
@@ -192,4 +215,167 @@ pub fn completion_logprobs(
     let targets = Tensor::from_vec(p.targets.clone(), (p.rows, p.comp_len), &dev)?;
     let out = model.token_logprobs(&h, &targets, temperature, entropy)?;
     Ok((out.logprobs, out.entropy))
+}
+
+/// Micro-batches of whole prompt groups: the `active` rows grouped by (group, prompt),
+/// groups in order of first appearance, as many whole groups per micro-batch as fit in
+/// `micro` rows (0: all; a group larger than `micro` gets a micro-batch of its own).
+/// Returns per micro-batch its rollout indices and each group's row range in it.
+pub fn shared_micro_batches(
+    rollouts: &[Rollout],
+    active: &[usize],
+    micro: usize,
+) -> Vec<(Vec<usize>, Vec<Range<usize>>)> {
+    let mut order: Vec<Vec<usize>> = Vec::new();
+    let mut key: HashMap<(usize, &[u32]), usize> = HashMap::new();
+    for &i in active {
+        let r = &rollouts[i];
+        let k = *key
+            .entry((r.group, r.prompt_ids.as_slice()))
+            .or_insert_with(|| {
+                order.push(Vec::new());
+                order.len() - 1
+            });
+        order[k].push(i);
+    }
+    let mut out: Vec<(Vec<usize>, Vec<Range<usize>>)> = Vec::new();
+    for grp in order {
+        let fits = out
+            .last()
+            .is_some_and(|(rows, _)| micro == 0 || rows.len() + grp.len() <= micro);
+        if !fits {
+            out.push((Vec::new(), Vec::new()));
+        }
+        let (rows, ranges) = out.last_mut().expect("pushed above");
+        ranges.push(rows.len()..rows.len() + grp.len());
+        rows.extend(grp);
+    }
+    out
+}
+
+/// Token positions a shared-prompt forward of `p`'s groups runs: each group's prompt
+/// once plus all but the last column of its completions.
+pub fn shared_tokens(p: &Packed, groups: &[Range<usize>]) -> usize {
+    groups
+        .iter()
+        .map(|r| {
+            let (plen, clen) = group_lens(p, r);
+            plen + r.len() * clen.saturating_sub(1)
+        })
+        .sum()
+}
+
+/// (prompt length, longest completion) of the rows `r` of a packed micro-batch.
+fn group_lens(p: &Packed, r: &Range<usize>) -> (usize, usize) {
+    let row = r.start * p.width;
+    let plen = p.attention[row..row + p.prompt_len]
+        .iter()
+        .filter(|&&a| a != 0)
+        .count();
+    let clen = r
+        .clone()
+        .map(|i| {
+            let a = &p.attention[i * p.width + p.prompt_len..(i + 1) * p.width];
+            a.iter().rposition(|&x| x != 0).map_or(0, |k| k + 1)
+        })
+        .max()
+        .unwrap_or(0);
+    (plen, clen)
+}
+
+/// [`completion_logprobs`] for a micro-batch whose rows form groups sharing one prompt:
+/// `groups` are row ranges of `p` (together all its rows, in order) and every row of a
+/// range must carry the same prompt. Each group runs [`Qwen2::forward_shared_prefix`]:
+/// its prompt once, its completions (all but their last token, whose hidden state
+/// scores nothing) against the prompt's keys/values. Returns the same `[B, comp_len]`
+/// log-probs (and entropies) as [`completion_logprobs`], zero in columns past a group's
+/// longest completion (masked out by the loss). `Mode::Train`'s dropout seed is mixed
+/// with the group's index.
+pub fn completion_logprobs_shared(
+    model: &Qwen2,
+    p: &Packed,
+    groups: &[Range<usize>],
+    mode: Mode,
+    temperature: f64,
+    entropy: bool,
+) -> Result<(Tensor, Option<Tensor>)> {
+    let dev = model.device().clone();
+    let covered: usize = groups.iter().map(|r| r.len()).sum();
+    if covered != p.rows
+        || groups.first().map(|r| r.start) != Some(0)
+        || groups.windows(2).any(|w| w[0].end != w[1].start)
+    {
+        bail!(
+            "completion_logprobs_shared: groups {groups:?} do not tile the {} rows",
+            p.rows
+        );
+    }
+    let mut lps = Vec::with_capacity(groups.len());
+    let mut ents = Vec::with_capacity(groups.len());
+    for (gi, r) in groups.iter().enumerate() {
+        if r.is_empty() {
+            continue;
+        }
+        let (plen, clen) = group_lens(p, r);
+        let g = r.len();
+        let row0 = r.start * p.width;
+        let prompt: Vec<u32> = p.ids[row0 + p.prompt_len - plen..row0 + p.prompt_len].to_vec();
+        for i in r.clone() {
+            let row = i * p.width;
+            let same = p.ids[row + p.prompt_len - plen..row + p.prompt_len] == prompt[..]
+                && p.attention[row..row + p.prompt_len]
+                    .iter()
+                    .filter(|&&a| a != 0)
+                    .count()
+                    == plen;
+            if !same {
+                bail!("completion_logprobs_shared: row {i} does not share its group's prompt");
+            }
+        }
+        if plen == 0 || clen == 0 {
+            bail!("completion_logprobs_shared: empty prompt or completions in group {gi}");
+        }
+        let gmode = match mode {
+            Mode::Train { dropout_seed } => Mode::Train {
+                dropout_seed: mix(dropout_seed, gi as u64),
+            },
+            m => m,
+        };
+        let prompt_t = Tensor::from_vec(prompt, (1, plen), &dev)?;
+        let h = if clen > 1 {
+            // Completion tokens 0..clen-1 as input; their hidden states score 1..clen.
+            let cin = clen - 1;
+            let mut ids = Vec::with_capacity(g * cin);
+            let mut mask = Vec::with_capacity(g * cin);
+            for i in r.clone() {
+                let s = i * p.width + p.prompt_len;
+                ids.extend_from_slice(&p.ids[s..s + cin]);
+                mask.extend_from_slice(&p.attention[s..s + cin]);
+            }
+            let ids = Tensor::from_vec(ids, (g, cin), &dev)?;
+            let (hp, hc) = model.forward_shared_prefix(&prompt_t, &ids, Some(&mask), gmode)?;
+            ops::prefix_cat(&hp.narrow(1, plen - 1, 1)?, &hc, 1)?
+        } else {
+            let hp = model.forward(&prompt_t, None, gmode)?;
+            let hid = hp.dim(2)?;
+            hp.narrow(1, plen - 1, 1)?.broadcast_as((g, 1, hid))?
+        };
+        let mut targets = Vec::with_capacity(g * clen);
+        for i in r.clone() {
+            targets.extend_from_slice(&p.targets[i * p.comp_len..i * p.comp_len + clen]);
+        }
+        let targets = Tensor::from_vec(targets, (g, clen), &dev)?;
+        let out = model.token_logprobs(&h, &targets, temperature, entropy)?;
+        lps.push(ops::pad_cols(&out.logprobs, p.comp_len)?);
+        if let Some(e) = out.entropy {
+            ents.push(ops::pad_cols(&e, p.comp_len)?);
+        }
+    }
+    let lp = Tensor::cat(&lps, 0)?;
+    let ent = if entropy {
+        Some(Tensor::cat(&ents, 0)?)
+    } else {
+        None
+    };
+    Ok((lp, ent))
 }

@@ -329,10 +329,12 @@ struct Held {
 
 impl Held {
     fn new(name: &'static str, y: Tensor) -> Result<Self> {
+        // `copy` would keep a strided layout, and the forward hands the storage over as
+        // contiguous: make it contiguous from offset 0.
         let y = if y.is_contiguous() && y.layout().start_offset() == 0 {
             y
         } else {
-            y.copy()?
+            y.force_contiguous()?
         };
         Ok(Self {
             name,
@@ -518,6 +520,59 @@ pub fn attach<const N: usize>(
         [a, b, c] => a.apply_op3(b, c, op),
         _ => candle_core::bail!("attach {name}: {N} operands (1 to 3 supported)"),
     }
+}
+
+// ---------------------------------------------------------------------------------------
+// Shared-prefix concatenation and zero padding.
+
+/// `cat([prefix broadcast to G rows, rest], dim)`: `prefix` `[1, ...]` (one shared
+/// prompt's keys/values or hidden states), `rest` `[G, ...]`; every other dim but `dim`
+/// must agree. The backward sums the prefix's gradient over the G rows (so every row's
+/// loss reaches the shared prefix) and only feeds tracked operands.
+pub fn prefix_cat(prefix: &Tensor, rest: &Tensor, dim: usize) -> Result<Tensor> {
+    if prefix.dim(0)? != 1 || dim == 0 {
+        candle_core::bail!(
+            "prefix_cat: prefix {:?} must have one row, rest {:?}, dim {dim} > 0",
+            prefix.shape(),
+            rest.shape()
+        );
+    }
+    let mut pdims = rest.dims().to_vec();
+    let p = prefix.dim(dim)?;
+    pdims[dim] = p;
+    let pb = prefix.detach().broadcast_as(pdims)?;
+    let y = Tensor::cat(&[&pb, &rest.detach()], dim)?.contiguous()?;
+    let (tp, tr) = (prefix.track_op(), rest.track_op());
+    let c = rest.dim(dim)?;
+    attach([prefix, rest], y, "prefix-cat", move |_xs, _y, gy| {
+        let gp = if tp {
+            Some(gy.narrow(dim, 0, p)?.sum_keepdim(0)?)
+        } else {
+            None
+        };
+        let gr = if tr {
+            Some(gy.narrow(dim, p, c)?.contiguous()?)
+        } else {
+            None
+        };
+        Ok([gp, gr])
+    })
+}
+
+/// `x` `[B, C]` padded with zero columns to `[B, width]`; the backward drops them.
+pub fn pad_cols(x: &Tensor, width: usize) -> Result<Tensor> {
+    let (b, c) = x.dims2()?;
+    if width < c {
+        candle_core::bail!("pad_cols: {c} columns > width {width}");
+    }
+    if width == c {
+        return Ok(x.clone());
+    }
+    let z = Tensor::zeros((b, width - c), x.dtype(), x.device())?;
+    let y = Tensor::cat(&[&x.detach(), &z], 1)?.contiguous()?;
+    attach([x], y, "pad-cols", move |_xs, _y, gy| {
+        Ok([Some(gy.narrow(1, 0, c)?.contiguous()?)])
+    })
 }
 
 // ---------------------------------------------------------------------------------------

@@ -11,6 +11,8 @@
 //! let hidden = model.forward(&ids, Some(&mask), Mode::Train { dropout_seed: step })?;
 //! let lp = model.token_logprobs(&hidden.narrow(1, p - 1, c)?, &targets, 1.0, true)?;
 //! let grads = loss(lp.logprobs).backward()?; // holds only LoRA vars
+//! // One GRPO group: its prompt [1, P] once, the G completions [G, C] against its K/V.
+//! let (h_prompt, h_comp) = model.forward_shared_prefix(&prompt, &comps, Some(&cmask), mode)?;
 //! // Reference policy: the same model with the adapter off, no graph.
 //! model.set_adapter_enabled(false);
 //! let ref_hidden = model.forward(&ids, Some(&mask), Mode::Detached)?;
@@ -615,6 +617,81 @@ impl Qwen2 {
             .reshape((b, t, self.cfg.hidden_size))?)
     }
 
+    /// One layer's attention inputs: `x` `[B, T, H]` -> RoPE'd `q` `[B, NH, T, D]`,
+    /// RoPE'd `k` and `v` `[B, KVH, T, D]`.
+    fn layer_qkv(
+        &self,
+        li: usize,
+        x: &Tensor,
+        cos: &Tensor,
+        sin: &Tensor,
+        mode: Mode,
+    ) -> Result<(Tensor, Tensor, Tensor)> {
+        let cfg = &self.cfg;
+        let layer = &self.layers[li];
+        let (b, t, _) = x.dims3()?;
+        let (nh, kvh, hd) = (
+            cfg.num_attention_heads,
+            cfg.num_key_value_heads,
+            cfg.head_dim,
+        );
+        let run = |m: usize| self.lora_run(mode, li, m);
+        let h = ops::rms_norm(x, &layer.ln1, cfg.rms_norm_eps)?;
+        let q = layer.lin[0].forward(&h, run(0))?;
+        let k = layer.lin[1].forward(&h, run(1))?;
+        let v = layer.lin[2].forward(&h, run(2))?;
+        let q = q.reshape((b, t, nh, hd))?.transpose(1, 2)?.contiguous()?;
+        let k = k.reshape((b, t, kvh, hd))?.transpose(1, 2)?.contiguous()?;
+        let v = v.reshape((b, t, kvh, hd))?.transpose(1, 2)?.contiguous()?;
+        let q = ops::rope(&q, cos, sin)?;
+        let k = ops::rope(&k, cos, sin)?;
+        Ok((q, k, v))
+    }
+
+    /// The rest of a layer: attention of `q` `[B, NH, T, D]` over keys/values
+    /// `[B, KVH, Tk, D]` under the additive `mask` `[B,1,1,T,Tk]`, o_proj, residual, MLP.
+    #[allow(clippy::too_many_arguments)]
+    fn layer_rest(
+        &self,
+        li: usize,
+        x: &Tensor,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        mask: &Tensor,
+        mode: Mode,
+    ) -> Result<Tensor> {
+        let cfg = &self.cfg;
+        let layer = &self.layers[li];
+        let (b, t, _) = x.dims3()?;
+        let (nh, kvh, hd) = (
+            cfg.num_attention_heads,
+            cfg.num_key_value_heads,
+            cfg.head_dim,
+        );
+        let g = nh / kvh;
+        let scale = 1.0 / (hd as f64).sqrt();
+        let run = |m: usize| self.lora_run(mode, li, m);
+        let q = q.reshape((b, kvh, g * t, hd))?;
+        let scores = ops::matmul(&q, &k.t()?)?;
+        let p = ops::masked_softmax(&scores, mask, scale)?;
+        let o = ops::matmul(&p, v)?;
+        let o = o
+            .reshape((b, nh, t, hd))?
+            .transpose(1, 2)?
+            .contiguous()?
+            .reshape((b, t, nh * hd))?;
+        let o = layer.lin[3].forward(&o, run(3))?;
+        let x = ops::add(x, &o)?;
+        // --- MLP
+        let h = ops::rms_norm(&x, &layer.ln2, cfg.rms_norm_eps)?;
+        let gate = layer.lin[4].forward(&h, run(4))?;
+        let up = layer.lin[5].forward(&h, run(5))?;
+        let a = ops::silu_mul(&gate, &up)?;
+        let d = layer.lin[6].forward(&a, run(6))?;
+        Ok(ops::add(&x, &d)?)
+    }
+
     /// Shared body. `mask`: additive `[B,1,1,T,Tk]`; `cache`: (cache, start column).
     fn run_layers(
         &self,
@@ -625,27 +702,9 @@ impl Qwen2 {
         mut cache: Option<&mut KvCache>,
         mode: Mode,
     ) -> Result<Tensor> {
-        let cfg = &self.cfg;
-        let (b, t, _) = x.dims3()?;
-        let (nh, kvh, hd) = (
-            cfg.num_attention_heads,
-            cfg.num_key_value_heads,
-            cfg.head_dim,
-        );
-        let g = nh / kvh;
-        let scale = 1.0 / (hd as f64).sqrt();
-        for (li, layer) in self.layers.iter().enumerate() {
-            let run = |m: usize| self.lora_run(mode, li, m);
-            // --- attention
-            let h = ops::rms_norm(&x, &layer.ln1, cfg.rms_norm_eps)?;
-            let q = layer.lin[0].forward(&h, run(0))?;
-            let k = layer.lin[1].forward(&h, run(1))?;
-            let v = layer.lin[2].forward(&h, run(2))?;
-            let q = q.reshape((b, t, nh, hd))?.transpose(1, 2)?.contiguous()?;
-            let k = k.reshape((b, t, kvh, hd))?.transpose(1, 2)?.contiguous()?;
-            let v = v.reshape((b, t, kvh, hd))?.transpose(1, 2)?.contiguous()?;
-            let q = ops::rope(&q, cos, sin)?;
-            let k = ops::rope(&k, cos, sin)?;
+        let t = x.dim(1)?;
+        for li in 0..self.layers.len() {
+            let (q, k, v) = self.layer_qkv(li, &x, cos, sin, mode)?;
             let (k, v) = match cache.as_deref_mut() {
                 Some(c) => {
                     let start = c.len;
@@ -658,26 +717,9 @@ impl Qwen2 {
                 }
                 None => (k, v),
             };
-            let q = q.reshape((b, kvh, g * t, hd))?;
-            let scores = ops::matmul(&q, &k.t()?)?;
-            let p = ops::masked_softmax(&scores, mask, scale)?;
-            let o = ops::matmul(&p, &v)?;
-            let o = o
-                .reshape((b, nh, t, hd))?
-                .transpose(1, 2)?
-                .contiguous()?
-                .reshape((b, t, nh * hd))?;
-            let o = layer.lin[3].forward(&o, run(3))?;
-            x = ops::add(&x, &o)?;
-            // --- MLP
-            let h = ops::rms_norm(&x, &layer.ln2, cfg.rms_norm_eps)?;
-            let gate = layer.lin[4].forward(&h, run(4))?;
-            let up = layer.lin[5].forward(&h, run(5))?;
-            let a = ops::silu_mul(&gate, &up)?;
-            let d = layer.lin[6].forward(&a, run(6))?;
-            x = ops::add(&x, &d)?;
+            x = self.layer_rest(li, &x, &q, &k, &v, mask, mode)?;
         }
-        Ok(ops::rms_norm(&x, &self.norm, cfg.rms_norm_eps)?)
+        Ok(ops::rms_norm(&x, &self.norm, self.cfg.rms_norm_eps)?)
     }
 
     /// Full-sequence forward (no cache). `input_ids` `[B, T]` (u32/i64);
@@ -734,6 +776,105 @@ impl Qwen2 {
         let (cos, sin) = self.rope_tables(b, t, &positions)?;
         let x = self.embed(input_ids)?;
         self.run_layers(x, &cos, &sin, &mask_t, None, mode)
+    }
+
+    /// Training forward for one GRPO group: `G` completions of one shared prompt.
+    ///
+    /// `prompt_ids` `[1, P]` (all real tokens) runs once; its per-layer keys and values,
+    /// with their graph, are broadcast to the `G` rows of `completion_ids` `[G, C]`
+    /// (`completion_mask`: `G*C` entries, 1 = real, typically right padding; `None` =
+    /// all real). Each completion token attends to the whole prompt and to the real
+    /// completion tokens of its row up to itself; its RoPE position is `P` + the number
+    /// of earlier real completion tokens (padding gets position 1, like [`Self::forward`]).
+    /// The backward sums the `G` rows' gradients into the prompt's activations, so LoRA
+    /// on every module of prompt tokens is trained by all completions.
+    ///
+    /// Returns the final-norm hidden states `(prompt [1, P, H], completion [G, C, H])`:
+    /// the same values as [`Self::forward`] on the packed rows `[prompt | completion]`
+    /// (up to float rounding) when there is no LoRA dropout. With `Mode::Train` and LoRA
+    /// dropout > 0 the prompt tokens' dropout masks are drawn once and shared by the
+    /// group (and the masks differ from the packed forward's draw): the same
+    /// distribution per token, but not independent across the G rows.
+    pub fn forward_shared_prefix(
+        &self,
+        prompt_ids: &Tensor,
+        completion_ids: &Tensor,
+        completion_mask: Option<&[u8]>,
+        mode: Mode,
+    ) -> Result<(Tensor, Tensor)> {
+        let (one, p) = prompt_ids.dims2()?;
+        let (g, c) = completion_ids.dims2()?;
+        if one != 1 || p == 0 || g == 0 || c == 0 {
+            bail!(
+                "forward_shared_prefix: prompt {:?} must be [1, P>0], completions {:?} [G>0, C>0]",
+                prompt_ids.shape(),
+                completion_ids.shape()
+            );
+        }
+        if let Some(m) = completion_mask {
+            if m.len() != g * c {
+                bail!("completion_mask has {} entries, expected {g}x{c}", m.len());
+            }
+        }
+        let real = |gi: usize, j: usize| completion_mask.is_none_or(|m| m[gi * c + j] != 0);
+        // Prompt: one causal row.
+        let mut padd = vec![MASKED; p * p];
+        for i in 0..p {
+            for r in &mut padd[i * p..i * p + i + 1] {
+                *r = 0.0;
+            }
+        }
+        let pmask = Tensor::from_vec(padd, (1, 1, 1, p, p), &self.device)?;
+        let ppos: Vec<u32> = (0..p as u32).collect();
+        let (pcos, psin) = self.rope_tables(1, p, &ppos)?;
+        // Completions: the whole prompt, then their own causal real tokens.
+        let tk = p + c;
+        let mut cpos = Vec::with_capacity(g * c);
+        let mut cadd = vec![MASKED; g * c * tk];
+        for gi in 0..g {
+            let mut n = p as u32;
+            for i in 0..c {
+                if real(gi, i) {
+                    cpos.push(n);
+                    n += 1;
+                } else {
+                    cpos.push(1);
+                }
+                let row = &mut cadd[(gi * c + i) * tk..(gi * c + i + 1) * tk];
+                for r in &mut row[..p] {
+                    *r = 0.0;
+                }
+                for j in 0..=i {
+                    if real(gi, j) {
+                        row[p + j] = 0.0;
+                    }
+                }
+            }
+        }
+        let cmask = Tensor::from_vec(cadd, (g, 1, 1, c, tk), &self.device)?;
+        let (ccos, csin) = self.rope_tables(g, c, &cpos)?;
+        // The completion stream draws its own dropout masks.
+        let cmode = match mode {
+            Mode::Train { dropout_seed } => Mode::Train {
+                dropout_seed: dropout_seed ^ 0xC0DE_5EED_0000_0001,
+            },
+            m => m,
+        };
+        let mut xp = self.embed(prompt_ids)?;
+        let mut xc = self.embed(completion_ids)?;
+        for li in 0..self.layers.len() {
+            let (qp, kp, vp) = self.layer_qkv(li, &xp, &pcos, &psin, mode)?;
+            let (qc, kc, vc) = self.layer_qkv(li, &xc, &ccos, &csin, cmode)?;
+            let kall = ops::prefix_cat(&kp, &kc, 2)?;
+            let vall = ops::prefix_cat(&vp, &vc, 2)?;
+            xc = self.layer_rest(li, &xc, &qc, &kall, &vall, &cmask, cmode)?;
+            xp = self.layer_rest(li, &xp, &qp, &kp, &vp, &pmask, mode)?;
+        }
+        let eps = self.cfg.rms_norm_eps;
+        Ok((
+            ops::rms_norm(&xp, &self.norm, eps)?,
+            ops::rms_norm(&xc, &self.norm, eps)?,
+        ))
     }
 
     /// A fresh cache for `batch` rows and up to `max_len` columns (prompt + new tokens).
