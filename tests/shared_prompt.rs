@@ -208,6 +208,9 @@ fn update_with_share_prompt_matches() {
             },
             rollouts: rows,
             gen_secs: 0.0,
+            score_secs: 0.0,
+            prompt_draws: 2,
+            frac_zero_std_drawn: 0.0,
         };
         let g = GrpoConfig {
             num_iterations: 2,

@@ -718,6 +718,7 @@ fn smoke_config_trains() {
             format!("model.name={}", dir.path().join("tiny").display()),
         ],
         resume: None,
+        overwrite: false,
     })
     .unwrap();
     let log = std::fs::read_to_string(dir.path().join("whispers-smoke/training_log.csv")).unwrap();
