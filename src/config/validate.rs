@@ -1,0 +1,287 @@
+//! Range and consistency checks of a parsed [`Config`]: every error names its
+//! `section.key` (the caller adds the file and line).
+use super::*;
+
+impl Config {
+    /// Range and consistency checks (written as `!(x > 0.0)` so NaN fails too).
+    #[allow(clippy::neg_cmp_op_on_partial_ord)]
+    pub(super) fn validate(&self) -> std::result::Result<(), ValidationError> {
+        let err = |section: &str, key: &str, msg: String| ValidationError {
+            key: Some((section.to_string(), key.to_string())),
+            message: format!("{section}.{key}: {msg}"),
+        };
+        let r = &self.run;
+        if r.name.trim().is_empty()
+            || r.name.contains(['/', '\\', '\0'])
+            || r.name.trim() == "."
+            || r.name.trim() == ".."
+        {
+            return Err(err(
+                "run",
+                "name",
+                format!("`{}` must be a plain non-empty directory name", r.name),
+            ));
+        }
+        if r.steps == 0 {
+            return Err(err("run", "steps", "must be >= 1".into()));
+        }
+        if r.steps > limits::MAX_STEPS {
+            return Err(err(
+                "run",
+                "steps",
+                format!("{} exceeds the limit of {}", r.steps, limits::MAX_STEPS),
+            ));
+        }
+        let m = &self.model;
+        if m.name.trim().is_empty() {
+            return Err(ValidationError {
+                key: None,
+                message: "model.name is required (a Hub id, a local directory, or `tiny`)".into(),
+            });
+        }
+        if let Err(e) = parse_device_name(&m.device) {
+            return Err(err("model", "device", e.to_string()));
+        }
+        let l = &self.lora;
+        if l.r == 0 {
+            return Err(err("lora", "r", "must be >= 1".into()));
+        }
+        if l.r > limits::MAX_LORA_R {
+            return Err(err(
+                "lora",
+                "r",
+                format!("{} exceeds the limit of {}", l.r, limits::MAX_LORA_R),
+            ));
+        }
+        if !(l.alpha > 0.0) || !l.alpha.is_finite() {
+            return Err(err("lora", "alpha", format!("{} must be > 0", l.alpha)));
+        }
+        if !(0.0..1.0).contains(&l.dropout) {
+            return Err(err(
+                "lora",
+                "dropout",
+                format!("{} must be in [0, 1)", l.dropout),
+            ));
+        }
+        if l.targets.is_empty() {
+            return Err(err(
+                "lora",
+                "targets",
+                "must name at least one module".into(),
+            ));
+        }
+        for t in &l.targets {
+            if !LORA_TARGETS.contains(&t.as_str()) {
+                return Err(err(
+                    "lora",
+                    "targets",
+                    format!("unknown module `{t}`; known: {}", LORA_TARGETS.join(", ")),
+                ));
+            }
+        }
+        let g = &self.grpo;
+        if g.num_generations < 2 {
+            return Err(err(
+                "grpo",
+                "num_generations",
+                format!(
+                    "{} must be >= 2 (advantages compare completions within a group)",
+                    g.num_generations
+                ),
+            ));
+        }
+        if g.num_generations > limits::MAX_NUM_GENERATIONS {
+            return Err(err(
+                "grpo",
+                "num_generations",
+                format!(
+                    "{} exceeds the limit of {}",
+                    g.num_generations,
+                    limits::MAX_NUM_GENERATIONS
+                ),
+            ));
+        }
+        if g.prompts_per_step == 0 {
+            return Err(err("grpo", "prompts_per_step", "must be >= 1".into()));
+        }
+        if g.max_prompt_draws != 0 && g.max_prompt_draws < g.prompts_per_step {
+            return Err(err(
+                "grpo",
+                "max_prompt_draws",
+                format!(
+                    "{} is below prompts_per_step = {} (0: 4 x prompts_per_step)",
+                    g.max_prompt_draws, g.prompts_per_step
+                ),
+            ));
+        }
+        if g.max_prompt_draws > limits::MAX_PROMPTS_PER_STEP {
+            return Err(err(
+                "grpo",
+                "max_prompt_draws",
+                format!(
+                    "{} exceeds the limit of {}",
+                    g.max_prompt_draws,
+                    limits::MAX_PROMPTS_PER_STEP
+                ),
+            ));
+        }
+        if g.prompts_per_step > limits::MAX_PROMPTS_PER_STEP {
+            return Err(err(
+                "grpo",
+                "prompts_per_step",
+                format!(
+                    "{} exceeds the limit of {}",
+                    g.prompts_per_step,
+                    limits::MAX_PROMPTS_PER_STEP
+                ),
+            ));
+        }
+        if g.batch_size() > limits::MAX_BATCH_ROWS {
+            return Err(err(
+                "grpo",
+                "prompts_per_step",
+                format!(
+                    "prompts_per_step x num_generations = {} rows exceeds the limit of {}",
+                    g.batch_size(),
+                    limits::MAX_BATCH_ROWS
+                ),
+            ));
+        }
+        if g.max_completion_length == 0 {
+            return Err(err("grpo", "max_completion_length", "must be >= 1".into()));
+        }
+        if g.max_completion_length > limits::MAX_COMPLETION_LENGTH {
+            return Err(err(
+                "grpo",
+                "max_completion_length",
+                format!(
+                    "{} exceeds the limit of {} tokens (and must fit the model's \
+                     max_position_embeddings)",
+                    g.max_completion_length,
+                    limits::MAX_COMPLETION_LENGTH
+                ),
+            ));
+        }
+        if !(g.temperature > 0.0) || !g.temperature.is_finite() {
+            return Err(err(
+                "grpo",
+                "temperature",
+                format!("{} must be > 0", g.temperature),
+            ));
+        }
+        if !(g.top_p > 0.0 && g.top_p <= 1.0) {
+            return Err(err(
+                "grpo",
+                "top_p",
+                format!("{} must be in (0, 1] (1 = off)", g.top_p),
+            ));
+        }
+        if !(0.0..=1.0).contains(&g.min_p) {
+            return Err(err(
+                "grpo",
+                "min_p",
+                format!("{} must be in [0, 1]", g.min_p),
+            ));
+        }
+        if !(g.repetition_penalty > 0.0) || !g.repetition_penalty.is_finite() {
+            return Err(err(
+                "grpo",
+                "repetition_penalty",
+                format!("{} must be > 0", g.repetition_penalty),
+            ));
+        }
+        if !(g.beta >= 0.0) || !g.beta.is_finite() {
+            return Err(err("grpo", "beta", format!("{} must be >= 0", g.beta)));
+        }
+        if !(g.epsilon > 0.0) || !(g.epsilon < 1.0) {
+            return Err(err(
+                "grpo",
+                "epsilon",
+                format!("{} must be in (0, 1)", g.epsilon),
+            ));
+        }
+        if let Some(eh) = g.epsilon_high {
+            if !(eh > 0.0) || !eh.is_finite() {
+                return Err(err("grpo", "epsilon_high", format!("{eh} must be > 0")));
+            }
+        }
+        if let Some(d) = g.delta {
+            if !(d > 1.0) || !d.is_finite() {
+                return Err(err("grpo", "delta", format!("{d} must be > 1")));
+            }
+        }
+        if g.num_iterations == 0 {
+            return Err(err("grpo", "num_iterations", "must be >= 1".into()));
+        }
+        if g.num_iterations > limits::MAX_NUM_ITERATIONS {
+            return Err(err(
+                "grpo",
+                "num_iterations",
+                format!(
+                    "{} exceeds the limit of {}",
+                    g.num_iterations,
+                    limits::MAX_NUM_ITERATIONS
+                ),
+            ));
+        }
+        for (k, w) in &g.reward_weights {
+            if !w.is_finite() {
+                return Err(err(
+                    "grpo",
+                    "reward_weights",
+                    format!("weight of `{k}` must be finite"),
+                ));
+            }
+        }
+        let o = &self.optim;
+        if !(o.learning_rate > 0.0) || !o.learning_rate.is_finite() {
+            return Err(err(
+                "optim",
+                "learning_rate",
+                format!("{} must be > 0", o.learning_rate),
+            ));
+        }
+        if !(o.max_grad_norm >= 0.0) {
+            return Err(err(
+                "optim",
+                "max_grad_norm",
+                format!("{} must be >= 0 (0 disables clipping)", o.max_grad_norm),
+            ));
+        }
+        for b in o.betas {
+            if !(0.0..1.0).contains(&b) {
+                return Err(err("optim", "betas", format!("{b} must be in [0, 1)")));
+            }
+        }
+        if !(o.eps > 0.0) || !o.eps.is_finite() {
+            return Err(err("optim", "eps", format!("{} must be > 0", o.eps)));
+        }
+        if !(o.weight_decay >= 0.0) || !o.weight_decay.is_finite() {
+            return Err(err(
+                "optim",
+                "weight_decay",
+                format!("{} must be >= 0", o.weight_decay),
+            ));
+        }
+        if o.warmup_steps > r.steps {
+            return Err(err(
+                "optim",
+                "warmup_steps",
+                format!("{} exceeds run.steps = {}", o.warmup_steps, r.steps),
+            ));
+        }
+        match &self.env {
+            Some(e) if e.name.trim().is_empty() => {
+                return Err(err("env", "name", "must name an environment".into()))
+            }
+            None if self.stages.is_empty() => {
+                return Err(ValidationError {
+                    key: None,
+                    message: "missing [env] section (or [[stage]] tables)".into(),
+                })
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+}
