@@ -431,6 +431,27 @@ pub fn create(name: &str, options: &Options) -> anyhow::Result<Box<dyn EnvFactor
     }
 }
 
+/// A `(name, value)` table (scripted policies, opponent pools): the value called
+/// `name`, or an error naming `what` and listing the known names.
+pub fn by_name<T: Copy>(table: &[(&'static str, T)], what: &str, name: &str) -> anyhow::Result<T> {
+    table
+        .iter()
+        .find(|(n, _)| *n == name)
+        .map(|(_, v)| *v)
+        .ok_or_else(|| {
+            let known: Vec<&str> = table.iter().map(|(n, _)| *n).collect();
+            anyhow::anyhow!("unknown {what} `{name}`; known: {}", known.join(", "))
+        })
+}
+
+/// The name of `value` in a `(name, value)` table (`?` when absent).
+pub fn name_in<T: PartialEq>(table: &[(&'static str, T)], value: &T) -> &'static str {
+    table
+        .iter()
+        .find(|(_, v)| v == value)
+        .map_or("?", |(n, _)| n)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -34,27 +34,10 @@ pub const POLICIES: [(&str, Policy); 8] = [
 
 impl Policy {
     pub fn from_name(name: &str) -> anyhow::Result<Self> {
-        POLICIES
-            .iter()
-            .find(|(n, _)| *n == name)
-            .map(|(_, p)| *p)
-            .ok_or_else(|| {
-                anyhow::anyhow!(
-                    "unknown ticketmelt policy `{name}`; known: {}",
-                    POLICIES
-                        .iter()
-                        .map(|(n, _)| *n)
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                )
-            })
+        crate::envs::by_name(&POLICIES, "ticketmelt policy", name)
     }
     pub fn name(self) -> &'static str {
-        POLICIES
-            .iter()
-            .find(|(_, p)| *p == self)
-            .map(|(n, _)| *n)
-            .unwrap_or("?")
+        crate::envs::name_in(&POLICIES, &self)
     }
 }
 
@@ -76,23 +59,10 @@ pub const POOLS: [(&str, Pool); 4] = [
 
 impl Pool {
     pub fn from_name(name: &str) -> anyhow::Result<Self> {
-        POOLS
-            .iter()
-            .find(|(n, _)| *n == name)
-            .map(|(_, p)| *p)
-            .ok_or_else(|| {
-                anyhow::anyhow!(
-                    "unknown ticketmelt pool `{name}`; known: {}",
-                    POOLS.iter().map(|(n, _)| *n).collect::<Vec<_>>().join(", ")
-                )
-            })
+        crate::envs::by_name(&POOLS, "ticketmelt pool", name)
     }
     pub fn name(self) -> &'static str {
-        POOLS
-            .iter()
-            .find(|(_, p)| *p == self)
-            .map(|(n, _)| *n)
-            .unwrap_or("?")
+        crate::envs::name_in(&POOLS, &self)
     }
 }
 

@@ -56,22 +56,10 @@ pub const POLICIES: [(&str, Policy); 5] = [
 
 impl Policy {
     pub fn from_name(s: &str) -> anyhow::Result<Self> {
-        POLICIES
-            .iter()
-            .find(|(n, _)| *n == s)
-            .map(|(_, p)| *p)
-            .ok_or_else(|| {
-                anyhow::anyhow!(
-                    "unknown whispers policy `{s}`; known: {}",
-                    POLICIES.map(|(n, _)| n).join(", ")
-                )
-            })
+        crate::envs::by_name(&POLICIES, "whispers policy", s)
     }
     pub fn name(self) -> &'static str {
-        POLICIES
-            .iter()
-            .find(|(_, p)| *p == self)
-            .map_or("?", |(n, _)| n)
+        crate::envs::name_in(&POLICIES, &self)
     }
 }
 
