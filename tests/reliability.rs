@@ -523,6 +523,14 @@ fn init_tiny_refuses_a_directory_with_other_files() {
 // 10. Validation gaps
 // ---------------------------------------------------------------------------------------
 
+/// The error `c.toml` with this text gives (with its context chain).
+fn config_err(text: &str) -> String {
+    format!(
+        "{:#}",
+        Config::from_toml_str(text, "c.toml", &[]).unwrap_err()
+    )
+}
+
 #[test]
 fn config_gaps_are_closed() {
     let base = config_text("runs", "m", 3, 0);
@@ -538,37 +546,25 @@ fn config_gaps_are_closed() {
     assert!(bad(&["run.name=\"..\""]).contains("run.name"));
     // [env.options] errors carry the file and the option's line.
     let text = format!("{base}[env.options]\npeers = \"mixed\"\nweights = [-1, 0, 0, 0]\n");
-    let e = format!(
-        "{:#}",
-        Config::from_toml_str(&text, "c.toml", &[]).unwrap_err()
-    );
+    let e = config_err(&text);
     assert!(
         e.starts_with("c.toml: line 25:") && e.contains("weights"),
         "{e}"
     );
     let text = format!("{base}[env.options]\nwin_threshold = nan\n");
-    let e = format!(
-        "{:#}",
-        Config::from_toml_str(&text, "c.toml", &[]).unwrap_err()
-    );
+    let e = config_err(&text);
     assert!(
         e.starts_with("c.toml: line 24:") && e.contains("win_threshold"),
         "{e}"
     );
     let text = format!("{base}[env.options]\nbogus = 1\n");
-    let e = format!(
-        "{:#}",
-        Config::from_toml_str(&text, "c.toml", &[]).unwrap_err()
-    );
+    let e = config_err(&text);
     assert!(
         e.starts_with("c.toml: line 24:") && e.contains("bogus"),
         "{e}"
     );
     let text = base.replace("name = \"ticketmelt\"", "name = \"nosuchenv\"");
-    let e = format!(
-        "{:#}",
-        Config::from_toml_str(&text, "c.toml", &[]).unwrap_err()
-    );
+    let e = config_err(&text);
     assert!(
         e.starts_with("c.toml: line 22:") && e.contains("nosuchenv"),
         "{e}"
