@@ -702,9 +702,20 @@ fn bench_grpo_step_always_updates() {
         sets: vec!["grpo.max_completion_length=4".into()],
         model: Some(dir.path().join("tiny").display().to_string()),
         steps: 1,
+        export_prompts: Some(dir.path().join("prompts.jsonl")),
     })
     .unwrap();
     assert_eq!(r.steps, 1);
+    // The exported dataset: the timed step's prompts, one JSON line each.
+    let lines = std::fs::read_to_string(dir.path().join("prompts.jsonl")).unwrap();
+    let rows: Vec<serde_json::Value> = lines
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(rows.len(), 2, "{lines}");
+    assert!(rows.iter().all(|r| r["step"] == 1
+        && r["prompt"].as_str().is_some_and(|p| !p.is_empty())
+        && r["prompt_tokens"].as_u64().is_some_and(|n| n > 0)));
     assert!(r.trained_tokens > 0.0, "{r:?}");
     assert!(r.update_s > 0.0 && r.sampling_s > 0.0, "{r:?}");
     assert!(r.seconds_per_step >= r.sampling_s + r.update_s, "{r:?}");

@@ -45,6 +45,10 @@ pub struct BenchStepArgs {
     /// Print the report as JSON.
     #[arg(long)]
     pub json: bool,
+    /// Write the timed steps' rendered prompts to FILE as JSON lines (the dataset
+    /// `scripts/bench_grpo_vs_trl.py` gives TRL).
+    #[arg(long, value_name = "FILE")]
+    pub export_prompts: Option<std::path::PathBuf>,
 }
 
 fn run_step(a: BenchStepArgs) -> anyhow::Result<()> {
@@ -53,6 +57,7 @@ fn run_step(a: BenchStepArgs) -> anyhow::Result<()> {
         sets: a.sets,
         model: a.model,
         steps: usize::try_from(a.steps)?,
+        export_prompts: a.export_prompts,
     })?;
     if a.json {
         println!("{}", serde_json::to_string(&r)?);

@@ -2,7 +2,7 @@
 //! (the training half of a GRPO step, without sampling).
 use crate::model::lora::{LoraConfig, LORA_TARGETS};
 use crate::model::qwen2::Mode;
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use candle_core::{DType, Device, Tensor};
 use std::time::Instant;
 
@@ -99,6 +99,10 @@ pub struct BenchStepOptions {
     pub model: Option<String>,
     /// Timed steps (after one untimed warm-up step).
     pub steps: usize,
+    /// Write the timed steps' rendered prompts here as JSON lines
+    /// (`{"step", "prompt", "prompt_tokens"}`), so that another trainer can run the very
+    /// same prompts (`scripts/bench_grpo_vs_trl.py`).
+    pub export_prompts: Option<std::path::PathBuf>,
 }
 
 /// The timings of full GRPO steps, averaged over the timed steps.
@@ -137,6 +141,7 @@ pub fn bench_step(o: &BenchStepOptions) -> Result<BenchStepReport> {
     let (model, renderer, base) = crate::task::load_model(&cfg)?;
     let mut t = super::trainer::Trainer::with_stages(cfg, model, renderer, stages, base, false)?;
     t.quiet = true;
+    let mut exported = Vec::new();
     let result = (|| {
         let mut sums = [0.0f64; 7];
         let timed = o.steps.max(1);
@@ -157,6 +162,9 @@ pub fn bench_step(o: &BenchStepOptions) -> Result<BenchStepReport> {
             if i == 0 {
                 continue; // warm-up
             }
+            exported.extend(batch.prompts.iter().map(
+                |p| serde_json::json!({"step": i, "prompt": p.text, "prompt_tokens": p.ids.len()}),
+            ));
             let parts = [
                 t0.elapsed().as_secs_f64(),
                 batch.gen_secs,
@@ -184,6 +192,11 @@ pub fn bench_step(o: &BenchStepOptions) -> Result<BenchStepReport> {
         })
     })();
     let _ = std::fs::remove_dir_all(&scratch);
+    if let (Ok(_), Some(path)) = (&result, &o.export_prompts) {
+        let lines: String = exported.iter().map(|v| format!("{v}\n")).collect();
+        crate::atomic::atomic_write_bytes(path, lines.as_bytes())
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
     result
 }
 
