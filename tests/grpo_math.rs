@@ -1,11 +1,21 @@
 //! Pure GRPO pieces against hand-computed numbers. The loss references were computed
-//! with TRL's `_compute_loss` code transcribed to torch (float64) on the same inputs.
+//! with TRL's `_compute_loss` code transcribed to torch (float64) on the same inputs;
+//! the TRL 1.16 knobs (cispo, sapo, luspo, vespo, top-entropy masking, the entropy
+//! bonus, the sampler correction, GDPO) against tests/fixtures/trl_grpo.json, written
+//! by scripts/trl_loss_fixtures.py with TRL's own code.
 use candle_core::{DType, Device, Tensor, Var};
 use concord::config::{
-    Config, ImportanceSamplingLevel, LossType, OptimConfig, ScaleRewards, Schedule,
+    Config, ImportanceSamplingLevel, ImportanceSamplingMode, LossType, OptimConfig, ScaleRewards,
+    Schedule,
 };
-use concord::grpo::advantage::{compute_advantages, std_bessel, weighted_reward};
-use concord::grpo::loss::{grpo_loss, k3_kl, LossInputs, LossParams, LossScale, LossStats};
+use concord::grpo::advantage::{
+    compute_advantages, normalize_then_sum, std_bessel, weighted_reward,
+};
+use concord::grpo::correction::{off_policy_keep, SamplerCorrection, Weights};
+use concord::grpo::loss::{
+    grpo_loss, high_entropy_mask, k3_kl, quantile, LossInputs, LossParams, LossScale, LossStats,
+    SapoTemperatures,
+};
 use concord::grpo::optim::{clip_grad_norm, global_norm, AdamW, AdamWParams, LrSchedule};
 use std::collections::BTreeMap;
 
@@ -132,6 +142,7 @@ fn params(loss_type: LossType, level: ImportanceSamplingLevel) -> LossParams {
         delta: None,
         beta: 0.0,
         max_completion_length: 4,
+        ..LossParams::default()
     }
 }
 
@@ -148,6 +159,7 @@ fn run(c: &Case, p: &LossParams) -> (f64, Vec<f64>, LossStats) {
             advantages: &c.adv,
             mask: &c.mask,
             entropy: None,
+            sampler_logp: None,
         },
         p,
         &scale,
@@ -344,6 +356,7 @@ fn k3_kl_with_beta() {
             advantages: &c.adv,
             mask: &c.mask,
             entropy: None,
+            sampler_logp: None,
         },
         &p,
         &LossScale {
@@ -367,6 +380,7 @@ fn num_iterations_one_gradient_is_advantage_weighted_logp() {
             advantages: &c.adv,
             mask: &c.mask,
             entropy: Some(&c.mask),
+            sampler_logp: None,
         },
         &params(LossType::Dapo, ImportanceSamplingLevel::Token),
         &LossScale {
@@ -440,6 +454,7 @@ fn gradient_accumulation_equals_full_batch_for_every_loss_type() {
                         advantages: &adv.narrow(0, lo, n).unwrap(),
                         mask: &mask.narrow(0, lo, n).unwrap(),
                         entropy: None,
+                        sampler_logp: None,
                     },
                     &p,
                     &scale,
@@ -472,6 +487,467 @@ fn gradient_accumulation_equals_full_batch_for_every_loss_type() {
             }
         }
     }
+}
+
+// ---------------------------------------------------------------- TRL 1.16 knobs
+
+/// The fixture written by scripts/trl_loss_fixtures.py with TRL 1.16's own loss code.
+fn trl_fixture() -> serde_json::Value {
+    let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/trl_grpo.json");
+    serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
+}
+
+fn rows_f32(v: &serde_json::Value) -> Vec<Vec<f32>> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            r.as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_f64().unwrap() as f32)
+                .collect()
+        })
+        .collect()
+}
+
+fn tensor2(rows: &[Vec<f32>]) -> Tensor {
+    let (b, t) = (rows.len(), rows[0].len());
+    let flat: Vec<f32> = rows.iter().flatten().copied().collect();
+    Tensor::from_vec(flat, (b, t), &Device::Cpu).unwrap()
+}
+
+fn flat64(t: &Tensor) -> Vec<f64> {
+    t.flatten_all()
+        .unwrap()
+        .to_dtype(DType::F64)
+        .unwrap()
+        .to_vec1()
+        .unwrap()
+}
+
+fn loss_type_named(s: &str) -> LossType {
+    serde_json::from_value(serde_json::Value::String(s.into())).unwrap()
+}
+
+/// A fixture case's knobs as Concord's loss parameters.
+fn fixture_params(c: &serde_json::Value, max_len: usize) -> LossParams {
+    let f = |k: &str| c[k].as_f64().unwrap();
+    let mut p = LossParams {
+        loss_type: loss_type_named(c["loss_type"].as_str().unwrap()),
+        level: serde_json::from_value(c["level"].clone()).unwrap(),
+        epsilon_low: f("epsilon"),
+        epsilon_high: f("epsilon_high"),
+        beta: f("beta"),
+        max_completion_length: max_len,
+        top_entropy_quantile: f("top_entropy_quantile"),
+        entropy_coef: f("entropy_coef"),
+        ..LossParams::default()
+    };
+    p.sapo = SapoTemperatures {
+        pos: f("sapo_temperature_pos"),
+        neg: f("sapo_temperature_neg"),
+    };
+    p.correction.off_policy_mask_threshold = c["off_policy_mask_threshold"].as_f64();
+    if let Some(corr) = c["correction"].as_object() {
+        p.correction.apply = true;
+        p.correction.mode = serde_json::from_value(corr["mode"].clone()).unwrap();
+        p.correction.clip_min = corr["clip_min"].as_f64();
+        p.correction.clip_max = corr["clip_max"].as_f64().unwrap_or(f64::INFINITY);
+    }
+    p
+}
+
+#[test]
+fn new_losses_match_trl_fixtures() {
+    let fx = trl_fixture();
+    let inp = &fx["inputs"];
+    let logp = tensor2(&rows_f32(&inp["logp"]));
+    let old = tensor2(&rows_f32(&inp["old"]));
+    let sampler = tensor2(&rows_f32(&inp["sampler"]));
+    let reference = tensor2(&rows_f32(&inp["ref"]));
+    let mask_rows = rows_f32(&inp["mask"]);
+    let mask = tensor2(&mask_rows);
+    let entropy = tensor2(&rows_f32(&inp["entropy"]));
+    let adv: Vec<f32> = inp["advantages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_f64().unwrap() as f32)
+        .collect();
+    let adv = Tensor::from_vec(adv, 3, &Device::Cpu).unwrap();
+    let scale = LossScale::from_masks(mask_rows.iter().map(|r| r.as_slice()));
+    let max_len = inp["max_completion_length"].as_u64().unwrap() as usize;
+    let cases = fx["loss_cases"].as_array().unwrap();
+    assert!(cases.len() >= 15);
+    for c in cases {
+        let name = c["name"].as_str().unwrap();
+        let p = fixture_params(c, max_len);
+        let lv = Var::from_tensor(&logp).unwrap();
+        let ev = Var::from_tensor(&entropy).unwrap();
+        let out = grpo_loss(
+            &LossInputs {
+                logp: lv.as_tensor(),
+                old_logp: Some(&old),
+                ref_logp: Some(&reference),
+                advantages: &adv,
+                mask: &mask,
+                entropy: Some(ev.as_tensor()),
+                sampler_logp: Some(&sampler),
+            },
+            &p,
+            &scale,
+        )
+        .unwrap();
+        let want = c["loss"].as_f64().unwrap();
+        assert!(
+            close(out.stats.loss, want, 1e-5),
+            "{name}: loss {} vs {want}",
+            out.stats.loss
+        );
+        let grads = out.loss.backward().unwrap();
+        let g = flat64(grads.get(lv.as_tensor()).unwrap());
+        let want_g: Vec<f64> = rows_f32(&c["grad_logp"])
+            .iter()
+            .flatten()
+            .map(|&x| x as f64)
+            .collect();
+        for (a, b) in g.iter().zip(&want_g) {
+            assert!((a - b).abs() < 1e-5, "{name}: d/dlogp {g:?} vs {want_g:?}");
+        }
+        match c["grad_entropy"].is_null() {
+            true => assert!(grads.get(ev.as_tensor()).is_none(), "{name}"),
+            false => {
+                let g = flat64(grads.get(ev.as_tensor()).unwrap());
+                let want: Vec<f64> = rows_f32(&c["grad_entropy"])
+                    .iter()
+                    .flatten()
+                    .map(|&x| x as f64)
+                    .collect();
+                for (a, b) in g.iter().zip(&want) {
+                    assert!((a - b).abs() < 1e-6, "{name}: d/dentropy {g:?} vs {want:?}");
+                }
+            }
+        }
+        let s = &out.stats;
+        for (metric, v) in c["metrics"].as_object().unwrap() {
+            let ours = match metric.as_str() {
+                "entropy" => s.entropy(),
+                "kl" => s.kl(),
+                "policy_loss" => s.policy_loss,
+                "entropy_coef" => p.entropy_coef,
+                "cispo_clip_ratio" => s.cispo_clip_ratio(),
+                "vespo/phi_seq_mean" => s.vespo_phi.mean(),
+                "clip_ratio/low_mean" => s.clip_low(),
+                "clip_ratio/high_mean" => s.clip_high(),
+                "clip_ratio/region_mean" => s.clip_region(),
+                "clip_ratio/low_min" => s.clip_low_min(),
+                "clip_ratio/high_max" => s.clip_high_max(),
+                "sampling/sampling_logp_difference/mean" => s.sampling_logp_diff.mean(),
+                "sampling/sampling_logp_difference/max" => s.sampling_logp_diff.max(),
+                "sampling/importance_sampling_ratio/min" => s.sampling_ratio.min(),
+                "sampling/importance_sampling_ratio/mean" => s.sampling_ratio.mean(),
+                "sampling/importance_sampling_ratio/max" => s.sampling_ratio.max(),
+                other => panic!("{name}: fixture metric {other} has no Concord counterpart"),
+            };
+            let v = v.as_f64().unwrap();
+            assert!(close(ours, v, 1e-5), "{name}: {metric} {ours} vs {v}");
+        }
+    }
+}
+
+#[test]
+fn gdpo_normalize_then_sum_matches_trl() {
+    let fx = trl_fixture();
+    for c in fx["gdpo_cases"].as_array().unwrap() {
+        let names: Vec<String> = c["components"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|n| n.as_str().unwrap().to_string())
+            .collect();
+        let comps: Vec<BTreeMap<String, f64>> = c["rewards"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| {
+                names
+                    .iter()
+                    .cloned()
+                    .zip(r.as_array().unwrap().iter().map(|x| x.as_f64().unwrap()))
+                    .collect()
+            })
+            .collect();
+        let weights: BTreeMap<String, f64> = names
+            .iter()
+            .cloned()
+            .zip(
+                c["weights"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|x| x.as_f64().unwrap()),
+            )
+            .collect();
+        let g = c["num_generations"].as_u64().unwrap() as usize;
+        let refs: Vec<&BTreeMap<String, f64>> = comps.iter().collect();
+        let a = normalize_then_sum(&refs, &weights, g).unwrap();
+        let want: Vec<f64> = c["advantages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_f64().unwrap())
+            .collect();
+        assert_vec_close(&a.values, &want, 1e-9);
+        // The logged reward is the weighted raw sum.
+        let raw: Vec<f64> = comps
+            .iter()
+            .map(|c| weighted_reward(c, 0.0, &weights))
+            .collect();
+        assert!(close(
+            a.reward_mean,
+            raw.iter().sum::<f64>() / raw.len() as f64,
+            1e-12
+        ));
+    }
+    // Without named components there is nothing to normalise.
+    let c = |a: f64, b: f64| BTreeMap::from([("a".to_string(), a), ("b".to_string(), b)]);
+    let comps = [c(1.0, 0.0), c(0.0, 10.0)];
+    let refs: Vec<&BTreeMap<String, f64>> = comps.iter().collect();
+    assert!(normalize_then_sum(&refs, &BTreeMap::new(), 2).is_err());
+}
+
+/// Inputs for the accumulation tests: 4 sequences of uneven lengths.
+struct Accum {
+    logp: Var,
+    old: Tensor,
+    sampler: Tensor,
+    reference: Tensor,
+    mask: Tensor,
+    adv: Tensor,
+    scale: LossScale,
+}
+
+fn accum_inputs() -> Accum {
+    let d = Device::Cpu;
+    let logp_v: Vec<f32> = (0..20).map(|i| -0.1 - 0.137 * (i as f32 % 7.0)).collect();
+    let old_v: Vec<f32> = logp_v
+        .iter()
+        .enumerate()
+        .map(|(i, x)| x + 0.05 * ((i % 5) as f32 - 2.0))
+        .collect();
+    let sampler_v: Vec<f32> = old_v
+        .iter()
+        .enumerate()
+        .map(|(i, x)| x + 0.2 * ((i % 3) as f32 - 1.0))
+        .collect();
+    let mask_v: Vec<f32> = [5, 2, 4, 1]
+        .iter()
+        .flat_map(|&n| (0..5).map(move |t| if t < n { 1.0 } else { 0.0 }))
+        .collect();
+    let old = Tensor::from_slice(&old_v, (4, 5), &d).unwrap();
+    Accum {
+        logp: Var::from_tensor(&Tensor::from_slice(&logp_v, (4, 5), &d).unwrap()).unwrap(),
+        reference: (&old - 0.03).unwrap(),
+        old,
+        sampler: Tensor::from_slice(&sampler_v, (4, 5), &d).unwrap(),
+        mask: Tensor::from_slice(&mask_v, (4, 5), &d).unwrap(),
+        adv: Tensor::from_slice(&[0.9f32, -1.3, 0.4, -0.2], 4, &d).unwrap(),
+        scale: LossScale::from_masks(mask_v.chunks(5)),
+    }
+}
+
+impl Accum {
+    fn loss(&self, p: &LossParams, lo: usize, hi: usize) -> (LossStats, Tensor) {
+        let n = hi - lo;
+        let out = grpo_loss(
+            &LossInputs {
+                logp: &self.logp.as_tensor().narrow(0, lo, n).unwrap(),
+                old_logp: Some(&self.old.narrow(0, lo, n).unwrap()),
+                ref_logp: Some(&self.reference.narrow(0, lo, n).unwrap()),
+                advantages: &self.adv.narrow(0, lo, n).unwrap(),
+                mask: &self.mask.narrow(0, lo, n).unwrap(),
+                entropy: None,
+                sampler_logp: Some(&self.sampler.narrow(0, lo, n).unwrap()),
+            },
+            p,
+            &self.scale,
+        )
+        .unwrap();
+        let g = out.loss.backward().unwrap();
+        (out.stats, g.get(self.logp.as_tensor()).unwrap().clone())
+    }
+}
+
+#[test]
+fn gradient_accumulation_equals_full_batch_for_new_losses() {
+    let a = accum_inputs();
+    for lt in [
+        LossType::Cispo,
+        LossType::Sapo,
+        LossType::Luspo,
+        LossType::Vespo,
+    ] {
+        for level in [
+            ImportanceSamplingLevel::Token,
+            ImportanceSamplingLevel::Sequence,
+        ] {
+            for corrected in [false, true] {
+                let mut p = params(lt, level);
+                p.beta = 0.05;
+                p.epsilon_high = 1.1;
+                p.max_completion_length = 5;
+                p.correction.off_policy_mask_threshold = Some(0.01);
+                if corrected {
+                    p.correction.apply = true;
+                    p.correction.mode = ImportanceSamplingMode::TokenTruncate;
+                    p.correction.clip_max = 1.1;
+                }
+                let (full_s, full_g) = a.loss(&p, 0, 4);
+                for split in [1, 2, 3] {
+                    let (mut s1, g1) = a.loss(&p, 0, split);
+                    let (s2, g2) = a.loss(&p, split, 4);
+                    s1.merge(&s2);
+                    let diff = flat64(&(g1 + g2 - &full_g).unwrap())
+                        .into_iter()
+                        .fold(0.0f64, |m, x| m.max(x.abs()));
+                    let what = format!("{lt:?} {level:?} corrected {corrected} split {split}");
+                    assert!(diff < 1e-6, "{what}: grad diff {diff}");
+                    assert!(close(s1.loss, full_s.loss, 1e-5), "{what}");
+                    assert!(close(
+                        s1.sampling_ratio.mean(),
+                        full_s.sampling_ratio.mean(),
+                        1e-9
+                    ));
+                    assert_eq!(s1.sampling_logp_diff.max(), full_s.sampling_logp_diff.max());
+                    assert!(close(s1.vespo_phi.mean(), full_s.vespo_phi.mean(), 1e-12));
+                    assert_eq!(s1.vespo_phi.count(), full_s.vespo_phi.count());
+                    assert_eq!(s1.cispo_clipped, full_s.cispo_clipped, "{what}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn top_entropy_mask_keeps_the_quantile_and_silences_the_rest() {
+    // 4 x 5 tokens, all masked, distinct entropies; keep the top 25% = 5 tokens.
+    let d = Device::Cpu;
+    let ent_v: Vec<f32> = (0..20)
+        .map(|i| ((i * 7) % 20) as f32 * 0.1 + 0.05)
+        .collect();
+    let entropy = Tensor::from_slice(&ent_v, (4, 5), &d).unwrap();
+    let logp = Var::from_tensor(&Tensor::full(-1.0f32, (4, 5), &d).unwrap()).unwrap();
+    let mask = Tensor::ones((4, 5), DType::F32, &d).unwrap();
+    let adv = Tensor::from_slice(&[1.0f32, -1.0, 0.5, 2.0], 4, &d).unwrap();
+    let mut p = params(LossType::Dapo, ImportanceSamplingLevel::Token);
+    p.top_entropy_quantile = 0.25;
+    let out = grpo_loss(
+        &LossInputs {
+            logp: logp.as_tensor(),
+            old_logp: None,
+            ref_logp: None,
+            advantages: &adv,
+            mask: &mask,
+            entropy: Some(&entropy),
+            sampler_logp: None,
+        },
+        &p,
+        &LossScale {
+            num_sequences: 4,
+            active_tokens: 20.0,
+        },
+    )
+    .unwrap();
+    assert_eq!(out.stats.entropy_kept, 5.0);
+    assert!(close(out.stats.entropy_kept_fraction(), 0.25, 1e-12));
+    let g = flat64(out.loss.backward().unwrap().get(logp.as_tensor()).unwrap());
+    let thr = quantile(&ent_v, 0.75).unwrap();
+    for (i, (&e, &gi)) in ent_v.iter().zip(&g).enumerate() {
+        if (e as f64) < thr {
+            assert_eq!(gi, 0.0, "token {i} below the threshold has a gradient");
+        } else {
+            assert!(gi != 0.0, "token {i} above the threshold has none");
+        }
+    }
+    // The helper on its own: q = 1 keeps every masked token, padding never.
+    let m = high_entropy_mask(&[vec![0.1, 0.5, 0.9]], &[vec![1.0, 1.0, 0.0]], 1.0);
+    assert_eq!(m, vec![vec![1.0, 1.0, 0.0]]);
+    let m = high_entropy_mask(&[vec![0.1, 0.5, 0.9]], &[vec![1.0, 1.0, 0.0]], 0.0);
+    assert_eq!(m, vec![vec![0.0, 1.0, 0.0]]);
+}
+
+#[test]
+fn mismatch_weights_equal_hand_computed_values() {
+    // Old (trainer) log-probs and a sampler that drifted by known amounts.
+    let old = vec![vec![-1.0f32, -0.5, -2.0], vec![-0.3, -1.2, -0.7]];
+    let drift = [[0.1f32, -0.3, 0.5], [0.02, 0.0, -1.5]];
+    let sampler: Vec<Vec<f32>> = old
+        .iter()
+        .zip(&drift)
+        .map(|(o, d)| o.iter().zip(d).map(|(o, d)| o - d).collect())
+        .collect();
+    let mask = vec![vec![1.0f32, 1.0, 1.0], vec![1.0, 1.0, 0.0]];
+    let corr = |mode, clip_min, clip_max| SamplerCorrection {
+        apply: true,
+        mode,
+        clip_min,
+        clip_max,
+        off_policy_mask_threshold: None,
+    };
+    let d = |i: usize, j: usize| (old[i][j] as f64 - sampler[i][j] as f64) * mask[i][j] as f64;
+    let check = |w: &Weights, want: [[f64; 3]; 2]| {
+        for i in 0..2 {
+            for j in 0..3 {
+                assert!(
+                    close(w.rows[i][j] as f64, want[i][j], 1e-6),
+                    "{:?} vs {want:?}",
+                    w.rows
+                );
+            }
+        }
+    };
+    // token_truncate at [0.9, 1.2]: exp(0.1), exp(-0.3) -> 0.9, exp(0.5) -> 1.2, ...
+    let w =
+        corr(ImportanceSamplingMode::TokenTruncate, Some(0.9), 1.2).weights(&old, &sampler, &mask);
+    let tt = |i, j| d(i, j).exp().clamp(0.9, 1.2);
+    check(&w, [[tt(0, 0), 0.9, 1.2], [tt(1, 0), 1.0, 1.0]]);
+    assert!(close(w.rows[0][0] as f64, 0.1f64.exp(), 1e-6));
+    // The masked token (row 1, column 2) drifted by 1.5 but counts as no drift.
+    assert!(close(w.logp_diff.max(), 0.5, 1e-6));
+    assert!(close(
+        w.logp_diff.mean(),
+        (0.1 + 0.3 + 0.5 + 0.02 + 0.0) / 5.0,
+        1e-6
+    ));
+    assert_eq!(w.ratio.count(), 5.0);
+    // token_mask: outside [0.9, 1.2] -> 0.
+    let w = corr(ImportanceSamplingMode::TokenMask, Some(0.9), 1.2).weights(&old, &sampler, &mask);
+    check(&w, [[0.1f64.exp(), 0.0, 0.0], [0.02f64.exp(), 1.0, 1.0]]);
+    assert_eq!(w.ratio.min(), 0.0);
+    // sequence_truncate: one weight per row, exp of the summed difference, clamped.
+    let w =
+        corr(ImportanceSamplingMode::SequenceTruncate, None, 1.2).weights(&old, &sampler, &mask);
+    let s0 = (0.1f64 - 0.3 + 0.5).exp().min(1.2);
+    let s1 = 0.02f64.exp();
+    check(&w, [[s0, s0, s0], [s1, s1, s1]]);
+    assert_eq!(w.ratio.count(), 2.0);
+    // sequence_mask with TRL's default bound 3: row 0 (e^0.3) kept; at 1.1 dropped.
+    let w = corr(ImportanceSamplingMode::SequenceMask, None, 3.0).weights(&old, &sampler, &mask);
+    let e3 = 0.3f64.exp();
+    check(&w, [[e3, e3, e3], [s1, s1, s1]]);
+    let w = corr(ImportanceSamplingMode::SequenceMask, None, 1.1).weights(&old, &sampler, &mask);
+    check(&w, [[0.0; 3], [s1, s1, s1]]);
+    assert!(close(w.ratio.mean(), s1 / 2.0, 1e-6));
+    // The off-policy mask keeps a row unless A < 0 and mean(sampler - policy) over its
+    // tokens exceeds the threshold. With the policy at `sampler` and the sampler at
+    // `old`, the rows' mean drifts are 0.1 and 0.01.
+    let keep = off_policy_keep(&[-0.5, -1.0], &sampler, &old, &mask, 0.05);
+    assert_eq!(keep, vec![false, true]);
+    let keep = off_policy_keep(&[-0.5, -1.0], &sampler, &old, &mask, 0.005);
+    assert_eq!(keep, vec![false, false]);
+    let keep = off_policy_keep(&[0.5, 0.0], &sampler, &old, &mask, 0.005);
+    assert_eq!(keep, vec![true, true]);
 }
 
 // ---------------------------------------------------------------- optimiser
@@ -736,6 +1212,89 @@ fn range_errors_name_key_and_line() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("foo"), "{e}");
+}
+
+#[test]
+fn trl_knob_errors_name_key_and_line() {
+    // Each bad value on line 12 of GOOD (after `temperature = 0.9`).
+    for (line, key) in [
+        ("loss_type = \"ppo2\"", "ppo2"),
+        ("sapo_temperature_neg = 0.0", "grpo.sapo_temperature_neg"),
+        ("vespo_k_pos = -1.0", "grpo.vespo_k_pos"),
+        ("vespo_lambda_neg = 0.0", "grpo.vespo_lambda_neg"),
+        ("top_entropy_quantile = 1.5", "grpo.top_entropy_quantile"),
+        ("entropy_coef = nan", "grpo.entropy_coef"),
+        (
+            "importance_sampling_clip_max = 0.0",
+            "grpo.importance_sampling_clip_max",
+        ),
+        (
+            "importance_sampling_clip_min = -0.5",
+            "grpo.importance_sampling_clip_min",
+        ),
+        (
+            "importance_sampling_clip_min = 5.0",
+            "grpo.importance_sampling_clip_min",
+        ),
+        ("importance_sampling_mode = \"seq\"", "seq"),
+        ("multi_objective_aggregation = \"mean\"", "mean"),
+        (
+            "multi_objective_aggregation = \"normalize_then_sum\"",
+            "grpo.reward_weights",
+        ),
+        (
+            "off_policy_mask_threshold = -1.0",
+            "grpo.off_policy_mask_threshold",
+        ),
+    ] {
+        let bad = GOOD.replace("temperature = 0.9", &format!("temperature = 0.9\n{line}"));
+        let e = format!(
+            "{:#}",
+            Config::from_toml_str(&bad, "k.toml", &[]).unwrap_err()
+        );
+        assert!(e.contains(key) && e.contains("line 12"), "{line}: {e}");
+    }
+    // vespo with a sequence-level correction.
+    let bad = GOOD.replace(
+        "temperature = 0.9",
+        "temperature = 0.9\nloss_type = \"vespo\"\nimportance_sampling_correction = true",
+    );
+    let e = format!(
+        "{:#}",
+        Config::from_toml_str(&bad, "k.toml", &[]).unwrap_err()
+    );
+    assert!(
+        e.contains("grpo.importance_sampling_mode") && e.contains("token_truncate"),
+        "{e}"
+    );
+    // Good values parse, with TRL's defaults where absent.
+    let good = GOOD.replace(
+        "temperature = 0.9",
+        "temperature = 0.9\nloss_type = \"cispo\"\nepsilon_high = 5.0\ntop_entropy_quantile = 0.2\n\
+         entropy_coef = 0.01\nimportance_sampling_correction = true\n\
+         importance_sampling_mode = \"token_truncate\"\nimportance_sampling_clip_max = inf\n\
+         off_policy_mask_threshold = 0.5\nmulti_objective_aggregation = \"normalize_then_sum\"\n\
+         reward_weights = { win = 1.0 }",
+    );
+    let c = Config::from_toml_str(&good, "g.toml", &[]).unwrap();
+    assert_eq!(c.grpo.loss_type, LossType::Cispo);
+    assert_eq!(
+        c.grpo.importance_sampling_mode,
+        ImportanceSamplingMode::TokenTruncate
+    );
+    assert_eq!(c.grpo.importance_sampling_clip_max, f64::INFINITY);
+    assert_eq!(c.grpo.sapo_temperature_neg, 1.05);
+    assert_eq!(c.grpo.vespo_lambda_pos, 3.0);
+    let back = Config::from_toml_str(&c.to_toml_string().unwrap(), "r.toml", &[]).unwrap();
+    assert_eq!(back, c);
+    let d = Config::from_toml_str(GOOD, "d.toml", &[]).unwrap();
+    assert!(!d.grpo.importance_sampling_correction);
+    assert_eq!(
+        d.grpo.importance_sampling_mode,
+        ImportanceSamplingMode::SequenceMask
+    );
+    assert_eq!(d.grpo.importance_sampling_clip_max, 3.0);
+    assert_eq!(d.grpo.top_entropy_quantile, 1.0);
 }
 
 #[test]

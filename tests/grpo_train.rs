@@ -168,6 +168,7 @@ fn lora_gradient_matches_finite_differences() {
         scalar: 0.0,
         advantage: a,
         old_logp: Some(old),
+        sampler_logp: None,
     };
     let rows = [
         mk(
@@ -188,6 +189,7 @@ fn lora_gradient_matches_finite_differences() {
         delta: None,
         beta: 0.1,
         max_completion_length: 4,
+        ..LossParams::default()
     };
     let scale = LossScale {
         num_sequences: 2,
@@ -210,6 +212,7 @@ fn lora_gradient_matches_finite_differences() {
                 advantages: &adv,
                 mask: &mask,
                 entropy: None,
+                sampler_logp: None,
             },
             &params,
             &scale,
@@ -334,6 +337,61 @@ fn nan_loss_skips_the_update() {
     assert_eq!(t.opt.step_count(), 2);
     let (h, rows) = read_csv(&dir.path().join("nan/training_log.csv"));
     assert_eq!(column(&h, &rows, "skipped"), vec![0.0, 1.0, 0.0]);
+}
+
+#[test]
+fn sampler_mismatch_is_logged_and_corrected() {
+    use concord::config::ImportanceSamplingMode;
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = config(dir.path(), "mismatch", 2);
+    // beta > 0 trains (and so measures) every row, whatever its advantage.
+    c.grpo.beta = 0.01;
+    c.grpo.importance_sampling_correction = true;
+    c.grpo.importance_sampling_mode = ImportanceSamplingMode::TokenMask;
+    c.grpo.importance_sampling_clip_max = 1.5;
+    let mut t = trainer(c, 0.0, false);
+    // Step 1 as sampled: the sampler is the trained model, so the log-probs agree.
+    t.step().unwrap();
+    // Step 2: every completion's first sampler log-prob lowered by 0.7, as a drifted
+    // engine would report it: its weight e^0.7 > 1.5 is masked to 0.
+    t.step_with(|b| {
+        for r in &mut b.rollouts {
+            if let Some(s) = r.sampler_logp.as_mut() {
+                s[0] -= 0.7;
+            }
+        }
+    })
+    .unwrap();
+    let (h, rows) = read_csv(&dir.path().join("mismatch/training_log.csv"));
+    for name in [
+        "completions/mean_terminated_length",
+        "completions/min_terminated_length",
+        "completions/max_terminated_length",
+        "clip_ratio/low_min",
+        "clip_ratio/high_max",
+        "policy_loss",
+        "sampling/importance_sampling_ratio/mean",
+    ] {
+        assert!(h.iter().any(|c| c == name), "no column {name} in {h:?}");
+    }
+    let diff_max = column(&h, &rows, "sampling/sampling_logp_difference/max");
+    let diff_mean = column(&h, &rows, "sampling/sampling_logp_difference/mean");
+    let r_min = column(&h, &rows, "sampling/importance_sampling_ratio/min");
+    let r_mean = column(&h, &rows, "sampling/importance_sampling_ratio/mean");
+    let r_max = column(&h, &rows, "sampling/importance_sampling_ratio/max");
+    assert!(
+        diff_max[0] < 1e-3,
+        "f32 CPU sampler vs trainer: {diff_max:?}"
+    );
+    assert!(
+        (r_mean[0] - 1.0).abs() < 1e-3 && r_min[0] > 0.99,
+        "{r_mean:?} {r_min:?}"
+    );
+    assert!((diff_max[1] - 0.7).abs() < 1e-3, "{diff_max:?}");
+    assert!(diff_mean[1] > diff_mean[0], "{diff_mean:?}");
+    assert_eq!(r_min[1], 0.0, "the drifted tokens are masked");
+    assert!(r_max[1] <= 1.5 && r_mean[1] < 1.0, "{r_max:?} {r_mean:?}");
+    assert_eq!(column(&h, &rows, "policy_loss"), column(&h, &rows, "loss"));
 }
 
 #[test]

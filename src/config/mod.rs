@@ -194,6 +194,42 @@ pub enum LossType {
     DrGrpo,
     #[default]
     Dapo,
+    /// Clipped importance-sampling weights times the log-prob (MiniMax-M1).
+    Cispo,
+    /// A sigmoid gate on the ratio instead of a hard clip (SAPO).
+    Sapo,
+    /// GSPO with each sequence's loss scaled by its length (LUSPO).
+    Luspo,
+    /// Gamma-shaped sequence weights on the log-prob (VESPO).
+    Vespo,
+}
+
+/// How several named reward components become one advantage.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum MultiObjectiveAggregation {
+    /// Weighted sum of the components, then `scale_rewards` normalisation.
+    #[default]
+    SumThenNormalize,
+    /// GDPO: normalise each component within its group, sum with the weights, then
+    /// normalise the sum over the batch.
+    NormalizeThenSum,
+}
+
+/// How the sampler/trainer importance weights `exp(logp_train - logp_sampler)` are
+/// formed and bounded (TRL's `vllm_importance_sampling_mode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum ImportanceSamplingMode {
+    /// Per-token weights clamped to [clip_min, clip_max].
+    TokenTruncate,
+    /// Per-token weights, zero outside [clip_min, clip_max].
+    TokenMask,
+    /// One weight per sequence (exp of the summed difference), clamped.
+    SequenceTruncate,
+    /// One weight per sequence, zero outside the bounds.
+    #[default]
+    SequenceMask,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
@@ -255,6 +291,38 @@ pub struct GrpoConfig {
     /// `prompts_per_step`).
     #[serde(skip_serializing_if = "is_zero")]
     pub max_prompt_draws: usize,
+    /// `sapo`: gate temperature of tokens with positive advantage.
+    pub sapo_temperature_pos: f64,
+    /// `sapo`: gate temperature of tokens with non-positive advantage.
+    pub sapo_temperature_neg: f64,
+    /// `vespo`: power k of the Gamma weight for non-negative advantages.
+    pub vespo_k_pos: f64,
+    /// `vespo`: decay lambda of the Gamma weight for non-negative advantages.
+    pub vespo_lambda_pos: f64,
+    /// `vespo`: power k for negative advantages.
+    pub vespo_k_neg: f64,
+    /// `vespo`: decay lambda for negative advantages.
+    pub vespo_lambda_neg: f64,
+    /// How named reward components (`reward_weights`) combine into the advantage.
+    pub multi_objective_aggregation: MultiObjectiveAggregation,
+    /// Keep only the top-q highest-entropy completion tokens of each micro-batch in the
+    /// policy loss (1.0: all tokens).
+    pub top_entropy_quantile: f64,
+    /// Weight of the mean token entropy subtracted from the loss (0: off).
+    pub entropy_coef: f64,
+    /// Multiply the per-token loss by sampler/trainer importance weights. Off by
+    /// default: Concord samples with the very weights it trains.
+    pub importance_sampling_correction: bool,
+    pub importance_sampling_mode: ImportanceSamplingMode,
+    /// Lower bound of the importance weights (none when absent).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub importance_sampling_clip_min: Option<f64>,
+    /// Upper bound of the importance weights (`inf`: none).
+    pub importance_sampling_clip_max: f64,
+    /// Drop negative-advantage sequences whose mean sampler-to-policy KL exceeds this
+    /// (DeepSeek-V3.2's off-policy sequence mask); off when absent.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub off_policy_mask_threshold: Option<f64>,
 }
 
 fn is_zero(n: &usize) -> bool {
@@ -284,6 +352,20 @@ impl Default for GrpoConfig {
             reward_weights: BTreeMap::new(),
             dynamic_sampling: false,
             max_prompt_draws: 0,
+            sapo_temperature_pos: 1.0,
+            sapo_temperature_neg: 1.05,
+            vespo_k_pos: 2.0,
+            vespo_lambda_pos: 3.0,
+            vespo_k_neg: 3.0,
+            vespo_lambda_neg: 2.0,
+            multi_objective_aggregation: MultiObjectiveAggregation::SumThenNormalize,
+            top_entropy_quantile: 1.0,
+            entropy_coef: 0.0,
+            importance_sampling_correction: false,
+            importance_sampling_mode: ImportanceSamplingMode::SequenceMask,
+            importance_sampling_clip_min: None,
+            importance_sampling_clip_max: 3.0,
+            off_policy_mask_threshold: None,
         }
     }
 }

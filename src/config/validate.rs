@@ -233,6 +233,7 @@ impl Config {
                 ));
             }
         }
+        self.validate_trl_knobs(g)?;
         let o = &self.optim;
         if !(o.learning_rate > 0.0) || !o.learning_rate.is_finite() {
             return Err(err(
@@ -281,6 +282,102 @@ impl Config {
                 })
             }
             _ => {}
+        }
+        Ok(())
+    }
+
+    /// The loss, entropy, aggregation and sampler-correction keys of TRL 1.16.
+    #[allow(clippy::neg_cmp_op_on_partial_ord)]
+    fn validate_trl_knobs(&self, g: &GrpoConfig) -> std::result::Result<(), ValidationError> {
+        let err = |key: &str, msg: String| ValidationError {
+            key: Some(("grpo".to_string(), key.to_string())),
+            message: format!("grpo.{key}: {msg}"),
+        };
+        for (key, v) in [
+            ("sapo_temperature_pos", g.sapo_temperature_pos),
+            ("sapo_temperature_neg", g.sapo_temperature_neg),
+            ("vespo_lambda_pos", g.vespo_lambda_pos),
+            ("vespo_lambda_neg", g.vespo_lambda_neg),
+        ] {
+            if !(v > 0.0) || !v.is_finite() {
+                return Err(err(key, format!("{v} must be > 0")));
+            }
+        }
+        for (key, v) in [
+            ("vespo_k_pos", g.vespo_k_pos),
+            ("vespo_k_neg", g.vespo_k_neg),
+        ] {
+            if !(v >= 0.0) || !v.is_finite() {
+                return Err(err(key, format!("{v} must be >= 0")));
+            }
+        }
+        if !(0.0..=1.0).contains(&g.top_entropy_quantile) {
+            return Err(err(
+                "top_entropy_quantile",
+                format!(
+                    "{} must be in [0, 1] (1 = every token, 0.2 = the paper's top 20%)",
+                    g.top_entropy_quantile
+                ),
+            ));
+        }
+        if !g.entropy_coef.is_finite() {
+            return Err(err(
+                "entropy_coef",
+                format!("{} must be finite", g.entropy_coef),
+            ));
+        }
+        let max = g.importance_sampling_clip_max;
+        if !(max > 0.0) {
+            return Err(err(
+                "importance_sampling_clip_max",
+                format!("{max} must be > 0 (inf: no upper bound)"),
+            ));
+        }
+        if let Some(min) = g.importance_sampling_clip_min {
+            if !(min >= 0.0) || !min.is_finite() {
+                return Err(err(
+                    "importance_sampling_clip_min",
+                    format!("{min} must be a finite value >= 0"),
+                ));
+            }
+            if !(min < max) {
+                return Err(err(
+                    "importance_sampling_clip_min",
+                    format!("{min} must be below importance_sampling_clip_max = {max}"),
+                ));
+            }
+        }
+        if let Some(t) = g.off_policy_mask_threshold {
+            if !(t >= 0.0) || !t.is_finite() {
+                return Err(err(
+                    "off_policy_mask_threshold",
+                    format!("{t} must be a finite value >= 0 (e.g. 0.5)"),
+                ));
+            }
+        }
+        if g.multi_objective_aggregation == MultiObjectiveAggregation::NormalizeThenSum
+            && g.reward_weights.is_empty()
+        {
+            return Err(err(
+                "multi_objective_aggregation",
+                "normalize_then_sum normalises each named reward component: name them \
+                 (and their weights) in grpo.reward_weights"
+                    .into(),
+            ));
+        }
+        if g.loss_type == LossType::Vespo
+            && g.importance_sampling_correction
+            && matches!(
+                g.importance_sampling_mode,
+                ImportanceSamplingMode::SequenceMask | ImportanceSamplingMode::SequenceTruncate
+            )
+        {
+            return Err(err(
+                "importance_sampling_mode",
+                "vespo folds per-token importance weights into its sequence weight: use \
+                 token_truncate or token_mask with importance_sampling_correction"
+                    .into(),
+            ));
         }
         Ok(())
     }

@@ -3,6 +3,10 @@
 //! Rewards come in groups of G (one prompt's completions, consecutive in the batch).
 //! `A_i = r_i - mean(group)`; `scale_rewards = group` divides by `std(group) + 1e-4`,
 //! `batch` by `std(batch) + 1e-4` (both with Bessel's correction), `none` not at all.
+//!
+//! Several named reward components (`grpo.reward_weights`) combine in one of two ways
+//! (`multi_objective_aggregation`): `sum_then_normalize` weighs and sums them into the
+//! scalar above; `normalize_then_sum` is GDPO ([`normalize_then_sum`]).
 use crate::config::ScaleRewards;
 use anyhow::{bail, Result};
 use std::collections::BTreeMap;
@@ -118,6 +122,68 @@ pub fn weighted_reward(
         .iter()
         .map(|(k, w)| w * components.get(k).copied().unwrap_or(0.0))
         .sum()
+}
+
+/// GDPO ("Group reward-Decoupled Normalization Policy Optimization", arXiv 2601.05242;
+/// TRL's `multi_objective_aggregation = "normalize_then_sum"`): each weighted component
+/// is normalised within its group, `(c - mean) / (std + 1e-4)`, so that a component
+/// with a wide range cannot drown the others; the normalised components are summed
+/// with their weights and the sum is normalised over the whole batch. `scale_rewards`
+/// does not apply. A component a completion lacks counts as 0 (as in
+/// [`weighted_reward`]). The logged statistics are those of the weighted raw sum: its
+/// mean (`reward`), batch std (`reward_std`) and groups where it is constant.
+pub fn normalize_then_sum(
+    components: &[&BTreeMap<String, f64>],
+    weights: &BTreeMap<String, f64>,
+    group_size: usize,
+) -> Result<Advantages> {
+    if group_size < 2 {
+        bail!("group size must be >= 2, got {group_size}");
+    }
+    if components.is_empty() || !components.len().is_multiple_of(group_size) {
+        bail!(
+            "{} rewards do not form whole groups of {group_size}",
+            components.len()
+        );
+    }
+    if weights.is_empty() {
+        bail!("normalize_then_sum needs named components in grpo.reward_weights");
+    }
+    let value = |c: &BTreeMap<String, f64>, k: &str| c.get(k).copied().unwrap_or(0.0);
+    if let Some(bad) = components
+        .iter()
+        .flat_map(|c| weights.keys().map(|k| value(c, k)))
+        .find(|r| !r.is_finite())
+    {
+        bail!("non-finite reward component {bad}");
+    }
+    let mut summed = vec![0.0; components.len()];
+    for (k, w) in weights {
+        for (start, group) in components.chunks(group_size).enumerate() {
+            let xs: Vec<f64> = group.iter().map(|c| value(c, k)).collect();
+            let (m, s) = (mean(&xs), std_bessel(&xs));
+            for (j, x) in xs.iter().enumerate() {
+                summed[start * group_size + j] += w * (x - m) / (s + STD_EPS);
+            }
+        }
+    }
+    let (m, s) = (mean(&summed), std_bessel(&summed));
+    let values = summed.iter().map(|x| (x - m) / (s + STD_EPS)).collect();
+    let raw: Vec<f64> = components
+        .iter()
+        .map(|c| weighted_reward(c, 0.0, weights))
+        .collect();
+    let zero_std_groups = raw
+        .chunks(group_size)
+        .filter(|g| !group_has_signal(g))
+        .count();
+    Ok(Advantages {
+        values,
+        reward_mean: mean(&raw),
+        reward_std: std_bessel(&raw),
+        zero_std_groups,
+        frac_reward_zero_std: zero_std_groups as f64 / (raw.len() / group_size) as f64,
+    })
 }
 
 /// Check that every weighted component exists in at least one reward.

@@ -8,10 +8,11 @@
 //! those groups, topped up with equal-reward groups in draw order when too few differ
 //! (so its size never changes).
 use super::advantage::{
-    check_weights, compute_advantages, group_has_signal, weighted_reward, Advantages,
+    check_weights, compute_advantages, group_has_signal, normalize_then_sum, weighted_reward,
+    Advantages,
 };
 use super::pack::Rollout;
-use crate::config::GrpoConfig;
+use crate::config::{GrpoConfig, MultiObjectiveAggregation};
 use crate::model::qwen2::Qwen2;
 use crate::rng::mix_seeds as mix;
 use crate::sample::{self, FinishReason};
@@ -107,6 +108,7 @@ fn draw(
                 group: pi,
                 prompt_ids: prompt.ids.clone(),
                 env_mask: vec![1.0; c.ids.len()],
+                sampler_logp: Some(c.full_logprobs),
                 completion_ids: c.ids,
                 truncated: c.finish_reason == FinishReason::Length,
                 text: c.text,
@@ -188,8 +190,16 @@ pub fn collect(
             rollouts.iter().map(|r| &r.reward.components),
         )?;
     }
-    let rewards: Vec<f64> = rollouts.iter().map(|r| r.scalar).collect();
-    let advantages = compute_advantages(&rewards, g.num_generations, g.scale_rewards)?;
+    let advantages = match g.multi_objective_aggregation {
+        MultiObjectiveAggregation::SumThenNormalize => {
+            let rewards: Vec<f64> = rollouts.iter().map(|r| r.scalar).collect();
+            compute_advantages(&rewards, g.num_generations, g.scale_rewards)?
+        }
+        MultiObjectiveAggregation::NormalizeThenSum => {
+            let comps: Vec<_> = rollouts.iter().map(|r| &r.reward.components).collect();
+            normalize_then_sum(&comps, &g.reward_weights, g.num_generations)?
+        }
+    };
     for (r, a) in rollouts.iter_mut().zip(&advantages.values) {
         r.advantage = *a;
     }

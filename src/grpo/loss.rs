@@ -1,19 +1,82 @@
-//! The GRPO per-token loss (TRL `GRPOTrainer._compute_loss` semantics) on candle
+//! The GRPO per-token loss (TRL 1.16 `GRPOTrainer._compute_loss` semantics) on candle
 //! tensors.
 //!
 //! Inputs are per-token log-probs `[B, T]` of the completion tokens (never logits), so
 //! the loss never touches a `[B, T, vocab]` tensor. The mask `m` is the completion
 //! mask times the environment-token mask (times the truncation mask).
 //!
+//! One micro-batch's loss is built in the order TRL builds it:
+//! 1. the importance weight `w = exp(logp - old)`, per token or per sequence (GSPO);
+//! 2. the per-token policy term of the `loss_type` ([`LossType`]):
+//!    * `grpo`, `bnpo`, `dr_grpo`, `dapo`, `luspo`: the PPO clipped surrogate
+//!      `-min(w A, clamp(w, 1 - eps_low, 1 + eps_high) A)` (optional `delta` cap);
+//!    * `cispo` (MiniMax-M1, arXiv 2506.13585): `-sg(min(w, eps_high)) A logp`: the
+//!      weight is clipped and detached, so clipped tokens still carry a gradient;
+//!    * `sapo` (Soft Adaptive Policy Optimization, arXiv 2511.20347):
+//!      `-sigmoid(tau (w - 1)) 4 / tau A`, a smooth gate instead of a hard clip, with
+//!      `tau` by the advantage's sign;
+//!    * `vespo` (arXiv 2602.10693): `-sg(phi(W)) A logp` with the Gamma-shaped weight
+//!      `phi(W) = exp(lambda + k ln W - lambda W)` of the sequence ratio `W = exp(sum of
+//!      token log-ratios)`, `(k, lambda)` by the advantage's sign ([`VespoShape`]);
+//! 3. times the off-policy sequence mask and the sampler/trainer importance weights
+//!    ([`super::correction`]), and the top-entropy mask ("Beyond the 80/20 Rule", arXiv
+//!    2506.01939: only the top-q highest-entropy tokens of the micro-batch);
+//! 4. plus `beta` times the k3 KL to the reference;
+//! 5. aggregated by `loss_type`; `luspo` (arXiv 2602.05261) sums each sequence's
+//!    tokens (so a sequence counts by its length) and averages over sequences;
+//! 6. minus `entropy_coef` times the mean token entropy (over the kept tokens).
+//!
 //! Gradient accumulation: the caller computes a [`LossScale`] once for the whole
 //! generation batch and passes it to every micro-batch; each micro-batch's loss is
 //! then its exact share of the full-batch loss, so summing micro-batch gradients gives
 //! exactly the full-batch gradient for every `loss_type`. (For `bnpo` this means the
 //! normaliser is the full batch's token count, which is what a single-micro-batch
-//! step computes.)
+//! step computes.) Two terms are per micro-batch by definition, as in TRL: the
+//! top-entropy quantile and the entropy bonus's mean (weighted by the micro-batch's
+//! share of the sequences); with one micro-batch (the default) both are the batch's.
+use super::correction::{off_policy_keep, SamplerCorrection};
 use crate::config::{GrpoConfig, ImportanceSamplingLevel, LossType};
 use anyhow::{bail, Result};
 use candle_core::{DType, Tensor, D};
+
+/// `sapo`'s gate temperatures, by the sign of the advantage.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SapoTemperatures {
+    /// Tokens with advantage > 0.
+    pub pos: f64,
+    /// Tokens with advantage <= 0.
+    pub neg: f64,
+}
+
+/// `vespo`'s Gamma weight `phi(W) = e^lambda W^k e^(-lambda W)` (so `phi(1) = 1`), one
+/// `(k, lambda)` pair for advantages >= 0 and one for negative ones.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct VespoShape {
+    pub k_pos: f64,
+    pub lambda_pos: f64,
+    pub k_neg: f64,
+    pub lambda_neg: f64,
+}
+
+impl VespoShape {
+    /// `phi` of a sequence with summed log-ratio `log_w` (clamped to [ln 1e-8, 20] as
+    /// in the reference implementation) and advantage `a`; 0 where it overflows.
+    pub fn phi(&self, log_w: f64, a: f64) -> f64 {
+        let log_w = log_w.clamp(1e-8f64.ln(), 20.0);
+        let (k, lambda) = if a >= 0.0 {
+            (self.k_pos, self.lambda_pos)
+        } else {
+            (self.k_neg, self.lambda_neg)
+        };
+        let lambda = lambda.max(1e-4);
+        let phi = (lambda + k * log_w - lambda * log_w.exp()).exp();
+        if phi.is_finite() {
+            phi
+        } else {
+            0.0
+        }
+    }
+}
 
 /// The knobs of the loss.
 #[derive(Debug, Clone, PartialEq)]
@@ -21,11 +84,18 @@ pub struct LossParams {
     pub loss_type: LossType,
     pub level: ImportanceSamplingLevel,
     pub epsilon_low: f64,
+    /// Upper clip (for `cispo`: the cap of the weight itself, ScaleRL recommends 5.0).
     pub epsilon_high: f64,
     /// Upper cap of the importance weight in the unclipped term (two-sided GRPO).
     pub delta: Option<f64>,
     pub beta: f64,
     pub max_completion_length: usize,
+    pub sapo: SapoTemperatures,
+    pub vespo: VespoShape,
+    /// Keep the top-q highest-entropy tokens (1.0: all).
+    pub top_entropy_quantile: f64,
+    pub entropy_coef: f64,
+    pub correction: SamplerCorrection,
 }
 
 impl LossParams {
@@ -38,7 +108,32 @@ impl LossParams {
             delta: g.delta,
             beta: g.beta,
             max_completion_length: g.max_completion_length,
+            sapo: SapoTemperatures {
+                pos: g.sapo_temperature_pos,
+                neg: g.sapo_temperature_neg,
+            },
+            vespo: VespoShape {
+                k_pos: g.vespo_k_pos,
+                lambda_pos: g.vespo_lambda_pos,
+                k_neg: g.vespo_k_neg,
+                lambda_neg: g.vespo_lambda_neg,
+            },
+            top_entropy_quantile: g.top_entropy_quantile,
+            entropy_coef: g.entropy_coef,
+            correction: SamplerCorrection::from_config(g),
         }
+    }
+
+    /// Whether the sampler/trainer importance weights multiply the policy term.
+    fn weights_policy_term(&self) -> bool {
+        self.correction.apply && self.loss_type != LossType::Vespo
+    }
+}
+
+impl Default for LossParams {
+    /// The defaults of a `[grpo]` section.
+    fn default() -> Self {
+        Self::from_config(&GrpoConfig::default())
     }
 }
 
@@ -77,8 +172,72 @@ pub struct LossInputs<'a> {
     pub ref_logp: Option<&'a Tensor>,
     pub advantages: &'a Tensor,
     pub mask: &'a Tensor,
-    /// Per-token entropies, for the `entropy` metric only.
+    /// Per-token entropies: the `entropy` metric, the top-entropy mask and (when
+    /// differentiable) the entropy bonus.
     pub entropy: Option<&'a Tensor>,
+    /// The sampler's log-probs of the same tokens (under `softmax(logits / T)`), for the
+    /// mismatch metrics and corrections.
+    pub sampler_logp: Option<&'a Tensor>,
+}
+
+/// Minimum, maximum and mean of a stream of values, mergeable across micro-batches
+/// (0 for an empty stream, as TRL logs it).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Extremes {
+    min: f64,
+    max: f64,
+    sum: f64,
+    count: f64,
+}
+
+impl Default for Extremes {
+    fn default() -> Self {
+        Self {
+            min: f64::INFINITY,
+            max: f64::NEG_INFINITY,
+            sum: 0.0,
+            count: 0.0,
+        }
+    }
+}
+
+impl Extremes {
+    pub fn push(&mut self, x: f64) {
+        self.min = self.min.min(x);
+        self.max = self.max.max(x);
+        self.sum += x;
+        self.count += 1.0;
+    }
+    pub fn merge(&mut self, o: &Extremes) {
+        self.min = self.min.min(o.min);
+        self.max = self.max.max(o.max);
+        self.sum += o.sum;
+        self.count += o.count;
+    }
+    pub fn count(&self) -> f64 {
+        self.count
+    }
+    pub fn min(&self) -> f64 {
+        if self.count > 0.0 {
+            self.min
+        } else {
+            0.0
+        }
+    }
+    pub fn max(&self) -> f64 {
+        if self.count > 0.0 {
+            self.max
+        } else {
+            0.0
+        }
+    }
+    pub fn mean(&self) -> f64 {
+        if self.count > 0.0 {
+            self.sum / self.count
+        } else {
+            0.0
+        }
+    }
 }
 
 /// Sums over masked tokens, accumulated across micro-batches; the means TRL logs are
@@ -87,27 +246,53 @@ pub struct LossInputs<'a> {
 pub struct LossStats {
     /// Loss value (sum of micro-batch losses = the full-batch loss).
     pub loss: f64,
+    /// The loss without the entropy bonus (TRL's `policy_loss`).
+    pub policy_loss: f64,
     pub tokens: f64,
+    /// Units the clip counts are over: masked tokens, or sequences at sequence level.
+    pub clip_units: f64,
     pub low_clipped: f64,
     pub high_clipped: f64,
     pub region_clipped: f64,
+    /// Per sequence: the share of its tokens clipped low / high.
+    pub low_per_seq: Extremes,
+    pub high_per_seq: Extremes,
+    /// `cispo`: units whose weight was capped with a positive advantage.
+    pub cispo_clipped: f64,
+    /// `vespo`: the sequence weights phi.
+    pub vespo_phi: Extremes,
     pub kl_sum: f64,
     pub kl_tokens: f64,
     pub entropy_sum: f64,
     pub entropy_tokens: f64,
+    /// Masked tokens the top-entropy mask kept.
+    pub entropy_kept: f64,
+    /// `|logp_old - logp_sampler|` per masked token.
+    pub sampling_logp_diff: Extremes,
+    /// Sampler/trainer importance weights (per token or per sequence).
+    pub sampling_ratio: Extremes,
 }
 
 impl LossStats {
     pub fn merge(&mut self, o: &LossStats) {
         self.loss += o.loss;
+        self.policy_loss += o.policy_loss;
         self.tokens += o.tokens;
+        self.clip_units += o.clip_units;
         self.low_clipped += o.low_clipped;
         self.high_clipped += o.high_clipped;
         self.region_clipped += o.region_clipped;
+        self.low_per_seq.merge(&o.low_per_seq);
+        self.high_per_seq.merge(&o.high_per_seq);
+        self.cispo_clipped += o.cispo_clipped;
+        self.vespo_phi.merge(&o.vespo_phi);
         self.kl_sum += o.kl_sum;
         self.kl_tokens += o.kl_tokens;
         self.entropy_sum += o.entropy_sum;
         self.entropy_tokens += o.entropy_tokens;
+        self.entropy_kept += o.entropy_kept;
+        self.sampling_logp_diff.merge(&o.sampling_logp_diff);
+        self.sampling_ratio.merge(&o.sampling_ratio);
     }
     fn ratio(a: f64, b: f64) -> f64 {
         if b > 0.0 {
@@ -118,15 +303,27 @@ impl LossStats {
     }
     /// `clip_ratio/low_mean`.
     pub fn clip_low(&self) -> f64 {
-        Self::ratio(self.low_clipped, self.tokens)
+        Self::ratio(self.low_clipped, self.clip_units)
     }
     /// `clip_ratio/high_mean`.
     pub fn clip_high(&self) -> f64 {
-        Self::ratio(self.high_clipped, self.tokens)
+        Self::ratio(self.high_clipped, self.clip_units)
     }
     /// `clip_ratio/region_mean`.
     pub fn clip_region(&self) -> f64 {
-        Self::ratio(self.region_clipped, self.tokens)
+        Self::ratio(self.region_clipped, self.clip_units)
+    }
+    /// `clip_ratio/low_min`: the least low-clipped sequence's share.
+    pub fn clip_low_min(&self) -> f64 {
+        self.low_per_seq.min()
+    }
+    /// `clip_ratio/high_max`: the most high-clipped sequence's share.
+    pub fn clip_high_max(&self) -> f64 {
+        self.high_per_seq.max()
+    }
+    /// `cispo_clip_ratio`.
+    pub fn cispo_clip_ratio(&self) -> f64 {
+        Self::ratio(self.cispo_clipped, self.clip_units)
     }
     /// `kl` (0 when beta = 0: not computed).
     pub fn kl(&self) -> f64 {
@@ -135,6 +332,10 @@ impl LossStats {
     /// `entropy` (NaN-free; 0 when not given).
     pub fn entropy(&self) -> f64 {
         Self::ratio(self.entropy_sum, self.entropy_tokens)
+    }
+    /// Share of the masked tokens the top-entropy mask kept (1 without the mask).
+    pub fn entropy_kept_fraction(&self) -> f64 {
+        Self::ratio(self.entropy_kept, self.tokens)
     }
 }
 
@@ -152,6 +353,134 @@ fn sum_all_f64(t: &Tensor) -> Result<f64> {
 pub fn k3_kl(logp: &Tensor, ref_logp: &Tensor) -> Result<Tensor> {
     let d = (ref_logp - logp)?;
     Ok(((d.exp()? - &d)? - 1.0)?)
+}
+
+/// `torch.quantile(xs, q)` (linear interpolation between the two nearest ranks).
+pub fn quantile(xs: &[f32], q: f64) -> Option<f64> {
+    if xs.is_empty() {
+        return None;
+    }
+    let mut v: Vec<f64> = xs.iter().map(|&x| x as f64).collect();
+    v.sort_by(|a, b| a.total_cmp(b));
+    let pos = q.clamp(0.0, 1.0) * (v.len() - 1) as f64;
+    let (lo, hi) = (pos.floor() as usize, pos.ceil() as usize);
+    Some(v[lo] + (v[hi] - v[lo]) * (pos - lo as f64))
+}
+
+/// The top-entropy mask: 1 for masked tokens whose entropy is at least the
+/// `1 - keep` quantile of the masked tokens' entropies, 0 elsewhere.
+pub fn high_entropy_mask(entropy: &[Vec<f32>], mask: &[Vec<f32>], keep: f64) -> Vec<Vec<f32>> {
+    let masked: Vec<f32> = entropy
+        .iter()
+        .zip(mask)
+        .flat_map(|(e, m)| e.iter().zip(m).filter(|(_, &m)| m != 0.0).map(|(&e, _)| e))
+        .collect();
+    let thr = quantile(&masked, 1.0 - keep);
+    entropy
+        .iter()
+        .zip(mask)
+        .map(|(e, m)| {
+            e.iter()
+                .zip(m)
+                .map(|(&e, &m)| match thr {
+                    Some(t) if m != 0.0 && e as f64 >= t => 1.0,
+                    _ => 0.0,
+                })
+                .collect()
+        })
+        .collect()
+}
+
+fn rows_tensor(rows: &[Vec<f32>], like: &Tensor) -> Result<Tensor> {
+    let (b, t) = like.dims2()?;
+    let flat: Vec<f32> = rows.iter().flatten().copied().collect();
+    Ok(Tensor::from_vec(flat, (b, t), like.device())?)
+}
+
+/// Broadcast one value per row to `[B, T]`.
+fn per_row(vals: &[f32], like: &Tensor) -> Result<Tensor> {
+    let (b, t) = like.dims2()?;
+    Ok(Tensor::from_vec(vals.to_vec(), (b, 1), like.device())?.broadcast_as((b, t))?)
+}
+
+/// `1 / (1 + exp(-x))` from differentiable primitives.
+fn sigmoid(x: &Tensor) -> Result<Tensor> {
+    Ok((x.neg()?.exp()? + 1.0)?.recip()?)
+}
+
+/// The PPO clipped surrogate `-min(w1 A, clamp(w, 1 - eps_low, 1 + eps_high) A)`
+/// (`w1`: `w` under the optional `delta` cap), and `w1` for the clip statistics.
+fn clipped_surrogate(w: &Tensor, adv: &Tensor, p: &LossParams) -> Result<(Tensor, Tensor)> {
+    let wd = w.detach();
+    // clamp(w, 1 - eps_low, 1 + eps_high), torch gradient semantics (1 inside, bounds
+    // inclusive), via detached masks.
+    let lo = 1.0 - p.epsilon_low;
+    let hi = 1.0 + p.epsilon_high;
+    let below = wd.lt(lo)?.to_dtype(DType::F32)?;
+    let above = wd.gt(hi)?.to_dtype(DType::F32)?;
+    let inside = ((1.0 - &below)? - &above)?;
+    let w_clamped = (((w * &inside)? + (&below * lo)?)? + (&above * hi)?)?;
+    // Optional delta cap on the unclipped term.
+    let w1 = match p.delta {
+        Some(d) => {
+            let over = wd.gt(d)?.to_dtype(DType::F32)?;
+            ((w * (1.0 - &over)?)? + (&over * d)?)?
+        }
+        None => w.clone(),
+    };
+    let t1 = (&w1 * adv)?;
+    let t2 = (&w_clamped * adv)?;
+    // min(t1, t2); on ties the gradient is d t1 (equal to torch's split when t1 == t2
+    // share the same derivative, the only way ties occur inside the clip range).
+    let pick1 = t1.detach().le(&t2.detach())?.to_dtype(DType::F32)?;
+    let chosen = (&t2 + ((&t1 - &t2)? * &pick1)?)?;
+    Ok((chosen.neg()?, w1.detach()))
+}
+
+/// Host copies of a micro-batch's detached rows.
+struct Rows {
+    mask: Vec<Vec<f32>>,
+    adv: Vec<f32>,
+}
+
+impl Rows {
+    /// Per-unit indicator statistics (token level: masked tokens, one share per
+    /// sequence with tokens; sequence level: one value per sequence, every sequence),
+    /// as TRL's `global_masked_mean` and `masked_seq_mean` count them.
+    fn units(
+        &self,
+        level: ImportanceSamplingLevel,
+        ind: impl Fn(usize, usize) -> bool,
+    ) -> (f64, f64, Extremes) {
+        let mut hits = 0.0;
+        let mut units = 0.0;
+        let mut per_seq = Extremes::default();
+        for (i, m) in self.mask.iter().enumerate() {
+            match level {
+                ImportanceSamplingLevel::Token => {
+                    let (mut h, mut n) = (0.0, 0.0);
+                    for (j, &mj) in m.iter().enumerate() {
+                        if ind(i, j) {
+                            h += mj as f64;
+                        }
+                        n += mj as f64;
+                    }
+                    hits += h;
+                    units += n;
+                    if n > 0.0 {
+                        per_seq.push(h / n);
+                    }
+                }
+                ImportanceSamplingLevel::Sequence => {
+                    let h = if ind(i, 0) { 1.0 } else { 0.0 };
+                    hits += h;
+                    units += 1.0;
+                    per_seq.push(h);
+                }
+            }
+        }
+        (hits, units, per_seq)
+    }
 }
 
 /// The GRPO loss of one micro-batch, scaled as its share of the full batch.
@@ -174,9 +503,39 @@ pub fn grpo_loss(inp: &LossInputs, p: &LossParams, scale: &LossScale) -> Result<
         Some(o) => o.to_dtype(DType::F32)?.detach(),
         None => logp.detach(),
     };
+    let sampler = match inp.sampler_logp {
+        Some(s) if s.dims2()? != (b, t) => bail!(
+            "sampler log-probs shape {:?} != logp shape {:?}",
+            s.dims(),
+            logp.dims()
+        ),
+        Some(s) => Some(s.to_dtype(DType::F32)?.detach().to_vec2::<f32>()?),
+        None => None,
+    };
+    let rows = Rows {
+        mask: mask.to_vec2()?,
+        adv: adv.to_vec1()?,
+    };
+    let mut stats = LossStats::default();
+
+    // Sampler/trainer importance weights: always measured, applied when asked.
+    let old_rows: Vec<Vec<f32>> = old.to_vec2()?;
+    let is_weights = sampler
+        .as_ref()
+        .map(|s| p.correction.weights(&old_rows, s, &rows.mask));
+    if let Some(w) = &is_weights {
+        stats.sampling_logp_diff = w.logp_diff;
+        stats.sampling_ratio = w.ratio;
+    }
+    let apply_weights = match (&is_weights, p.correction.apply) {
+        (Some(w), true) => Some(&w.rows),
+        (None, true) => bail!("importance_sampling_correction needs the sampler's log-probs"),
+        _ => None,
+    };
+
     let log_ratio = (&logp - &old)?;
     let log_w = match p.level {
-        ImportanceSamplingLevel::Token => log_ratio,
+        ImportanceSamplingLevel::Token => log_ratio.clone(),
         ImportanceSamplingLevel::Sequence => {
             let num = (&log_ratio * &mask)?.sum_keepdim(D::Minus1)?;
             let den = mask.sum_keepdim(D::Minus1)?.maximum(1.0)?;
@@ -184,34 +543,101 @@ pub fn grpo_loss(inp: &LossInputs, p: &LossParams, scale: &LossScale) -> Result<
         }
     };
     let w = log_w.exp()?;
-    let wd = w.detach();
     let adv_bt = adv.unsqueeze(1)?.broadcast_as((b, t))?;
 
-    // clamp(w, 1 - eps_low, 1 + eps_high), torch gradient semantics (1 inside, bounds
-    // inclusive), via detached masks.
-    let lo = 1.0 - p.epsilon_low;
-    let hi = 1.0 + p.epsilon_high;
-    let below = wd.lt(lo)?.to_dtype(DType::F32)?;
-    let above = wd.gt(hi)?.to_dtype(DType::F32)?;
-    let inside = ((1.0 - &below)? - &above)?;
-    let w_clamped = (((&w * &inside)? + (&below * lo)?)? + (&above * hi)?)?;
-    // Optional delta cap on the unclipped term.
-    let w1 = match p.delta {
-        Some(d) => {
-            let over = wd.gt(d)?.to_dtype(DType::F32)?;
-            ((&w * (1.0 - &over)?)? + (&over * d)?)?
+    let mut per_tok = match p.loss_type {
+        LossType::Grpo | LossType::Bnpo | LossType::DrGrpo | LossType::Dapo | LossType::Luspo => {
+            let (l, w1) = clipped_surrogate(&w, &adv_bt, p)?;
+            let w1: Vec<Vec<f32>> = w1.to_vec2()?;
+            let (lo, hi) = ((1.0 - p.epsilon_low) as f32, (1.0 + p.epsilon_high) as f32);
+            let low = |i: usize, j: usize| w1[i][j] < lo && rows.adv[i] < 0.0;
+            let high = |i: usize, j: usize| w1[i][j] > hi && rows.adv[i] > 0.0;
+            let (nl, units, low_seq) = rows.units(p.level, low);
+            let (nh, _, high_seq) = rows.units(p.level, high);
+            let (nr, _, _) = rows.units(p.level, |i, j| low(i, j) || high(i, j));
+            stats.clip_units = units;
+            stats.low_clipped = nl;
+            stats.high_clipped = nh;
+            stats.region_clipped = nr;
+            stats.low_per_seq = low_seq;
+            stats.high_per_seq = high_seq;
+            l
         }
-        None => w.clone(),
+        LossType::Cispo => {
+            let wd: Vec<Vec<f32>> = w.to_vec2()?;
+            let cap = p.epsilon_high as f32;
+            let (n, units, _) = rows.units(p.level, |i, j| wd[i][j] > cap && rows.adv[i] > 0.0);
+            stats.cispo_clipped = n;
+            stats.clip_units = units;
+            let capped = w.detach().minimum(p.epsilon_high)?;
+            ((capped * &adv_bt)? * &logp)?.neg()?
+        }
+        LossType::Sapo => {
+            let tau: Vec<f32> = rows
+                .adv
+                .iter()
+                .map(|&a| (if a > 0.0 { p.sapo.pos } else { p.sapo.neg }) as f32)
+                .collect();
+            let tau = per_row(&tau, &logp)?;
+            let gate = sigmoid(&((&w - 1.0)? * &tau)?)?;
+            (((gate * 4.0)? / &tau)? * &adv_bt)?.neg()?
+        }
+        LossType::Vespo => {
+            // The sequence's summed (not mean) token log-ratio, plus the sampler
+            // correction's log-weights when applied (clamped as the reference does).
+            let lr: Vec<Vec<f32>> = log_ratio.to_vec2()?;
+            let lo = 1e-8f64.ln();
+            let phi: Vec<f32> = (0..b)
+                .map(|i| {
+                    let mut s: f64 = lr[i]
+                        .iter()
+                        .zip(&rows.mask[i])
+                        .map(|(&x, &m)| (x as f64).clamp(-20.0, 20.0) * m as f64)
+                        .sum();
+                    if let Some(wr) = apply_weights {
+                        s += wr[i]
+                            .iter()
+                            .map(|&x| (x as f64).ln().clamp(lo, 20.0))
+                            .sum::<f64>();
+                    }
+                    let phi = p.vespo.phi(s, rows.adv[i] as f64);
+                    stats.vespo_phi.push(phi);
+                    phi as f32
+                })
+                .collect();
+            let phi = per_row(&phi, &logp)?;
+            ((phi * &adv_bt)? * &logp)?.neg()?
+        }
     };
-    let t1 = (&w1 * &adv_bt)?;
-    let t2 = (&w_clamped * &adv_bt)?;
-    // min(t1, t2); on ties the gradient is d t1 (equal to torch's split when t1 == t2
-    // share the same derivative, the only way ties occur inside the clip range).
-    let pick1 = t1.detach().le(&t2.detach())?.to_dtype(DType::F32)?;
-    let chosen = (&t2 + ((&t1 - &t2)? * &pick1)?)?;
-    let mut per_tok = chosen.neg()?;
 
-    let mut stats = LossStats::default();
+    if let Some(threshold) = p.correction.off_policy_mask_threshold {
+        let lp: Vec<Vec<f32>> = logp.detach().to_vec2()?;
+        let reference = sampler.as_ref().unwrap_or(&old_rows);
+        let keep = off_policy_keep(&rows.adv, &lp, reference, &rows.mask, threshold);
+        let keep: Vec<f32> = keep.iter().map(|&k| if k { 1.0 } else { 0.0 }).collect();
+        per_tok = (per_tok * per_row(&keep, &logp)?)?;
+    }
+    let entropy_rows: Option<Vec<Vec<f32>>> = match inp.entropy {
+        Some(e) => Some(e.to_dtype(DType::F32)?.detach().to_vec2()?),
+        None => None,
+    };
+    let entropy_mask = if p.top_entropy_quantile < 1.0 {
+        let Some(e) = &entropy_rows else {
+            bail!("top_entropy_quantile < 1 needs the per-token entropies");
+        };
+        let em = high_entropy_mask(e, &rows.mask, p.top_entropy_quantile);
+        stats.entropy_kept = em.iter().flatten().map(|&x| x as f64).sum();
+        let em = rows_tensor(&em, &logp)?;
+        per_tok = (per_tok * &em)?;
+        Some(em)
+    } else {
+        stats.entropy_kept = rows.mask.iter().flatten().map(|&x| x as f64).sum();
+        None
+    };
+    if let (Some(wr), true) = (apply_weights, p.weights_policy_term()) {
+        per_tok = (per_tok * rows_tensor(wr, &logp)?)?;
+    }
+
     if p.beta > 0.0 {
         let r = match inp.ref_logp {
             Some(r) => r.to_dtype(DType::F32)?.detach(),
@@ -224,30 +650,40 @@ pub fn grpo_loss(inp: &LossInputs, p: &LossParams, scale: &LossScale) -> Result<
     }
 
     let masked = (&per_tok * &mask)?;
-    let loss = match p.loss_type {
-        LossType::Grpo => {
+    let n_seq = scale.num_sequences.max(1) as f64;
+    let policy = match p.loss_type {
+        LossType::Grpo | LossType::Sapo => {
             let per_seq = masked.sum(D::Minus1)?;
             let len = mask.sum(D::Minus1)?.maximum(1.0)?;
-            ((per_seq / len)?.sum_all()? / scale.num_sequences.max(1) as f64)?
+            ((per_seq / len)?.sum_all()? / n_seq)?
         }
-        LossType::Bnpo | LossType::Dapo => (masked.sum_all()? / scale.active_tokens.max(1.0))?,
-        LossType::DrGrpo => {
-            (masked.sum_all()?
-                / (scale.num_sequences.max(1) * p.max_completion_length.max(1)) as f64)?
+        LossType::Bnpo | LossType::Dapo | LossType::Cispo | LossType::Vespo => {
+            (masked.sum_all()? / scale.active_tokens.max(1.0))?
         }
+        LossType::DrGrpo => (masked.sum_all()? / (n_seq * p.max_completion_length.max(1) as f64))?,
+        LossType::Luspo => (masked.sum_all()? / n_seq)?,
+    };
+    stats.policy_loss = policy.to_dtype(DType::F64)?.to_scalar::<f64>()?;
+
+    // The entropy bonus: the mean entropy of the kept tokens, as this micro-batch's
+    // share (by sequences) of the batch's.
+    let loss = if p.entropy_coef != 0.0 {
+        let Some(e) = inp.entropy else {
+            bail!("entropy_coef needs the per-token entropies");
+        };
+        let eff = match &entropy_mask {
+            Some(em) => (&mask * em)?,
+            None => mask.clone(),
+        };
+        let n_eff = sum_all_f64(&eff)?.max(1.0);
+        let share = b as f64 / n_seq;
+        let bonus = ((e.to_dtype(DType::F32)? * &eff)?.sum_all()? * (share / n_eff))?;
+        (&policy - (bonus * p.entropy_coef)?)?
+    } else {
+        policy
     };
 
-    // Clip statistics (TRL: after the delta cap).
-    let w1d = w1.detach();
-    let adv_neg = adv_bt.lt(0.0)?.to_dtype(DType::F32)?;
-    let adv_pos = adv_bt.gt(0.0)?.to_dtype(DType::F32)?;
-    let low = (w1d.lt(lo)?.to_dtype(DType::F32)? * adv_neg)?;
-    let high = (w1d.gt(hi)?.to_dtype(DType::F32)? * adv_pos)?;
-    let region = (&low + &high)?.minimum(1.0)?;
     stats.tokens = sum_all_f64(&mask)?;
-    stats.low_clipped = sum_all_f64(&(low * &mask)?)?;
-    stats.high_clipped = sum_all_f64(&(high * &mask)?)?;
-    stats.region_clipped = sum_all_f64(&(region * &mask)?)?;
     if let Some(e) = inp.entropy {
         let e = e.to_dtype(DType::F32)?.detach();
         stats.entropy_sum = sum_all_f64(&(e * &mask)?)?;

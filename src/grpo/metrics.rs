@@ -14,6 +14,15 @@ pub fn row(batch: &Batch, upd: &UpdateStats) -> StepRow {
         .iter()
         .map(|r| r.completion_ids.len() as f64)
         .collect();
+    // TRL: with no completion that ended, the terminated lengths are those of [0].
+    let mut terminated: Vec<f64> = rollouts
+        .iter()
+        .filter(|r| !r.truncated)
+        .map(|r| r.completion_ids.len() as f64)
+        .collect();
+    if terminated.is_empty() {
+        terminated.push(0.0);
+    }
     let comps: Vec<&BTreeMap<String, f64>> =
         rollouts.iter().map(|r| &r.reward.components).collect();
     let s = &upd.loss;
@@ -29,12 +38,25 @@ pub fn row(batch: &Batch, upd: &UpdateStats) -> StepRow {
         max_length: lens.iter().cloned().fold(0.0, f64::max),
         clipped_ratio: rollouts.iter().filter(|r| r.truncated).count() as f64
             / rollouts.len().max(1) as f64,
+        mean_terminated_length: mean(&terminated),
+        min_terminated_length: terminated.iter().cloned().fold(f64::INFINITY, f64::min),
+        max_terminated_length: terminated.iter().cloned().fold(0.0, f64::max),
         kl: s.kl(),
         entropy: s.entropy(),
         clip_low: s.clip_low(),
         clip_high: s.clip_high(),
         clip_region: s.clip_region(),
+        clip_low_min: s.clip_low_min(),
+        clip_high_max: s.clip_high_max(),
+        cispo_clip_ratio: s.cispo_clip_ratio(),
+        vespo_phi_mean: s.vespo_phi.mean(),
         loss: s.loss,
+        policy_loss: s.policy_loss,
+        sampling_logp_diff_mean: s.sampling_logp_diff.mean(),
+        sampling_logp_diff_max: s.sampling_logp_diff.max(),
+        sampling_ratio_min: s.sampling_ratio.min(),
+        sampling_ratio_mean: s.sampling_ratio.mean(),
+        sampling_ratio_max: s.sampling_ratio.max(),
         grad_norm: upd.grad_norm,
         learning_rate: upd.learning_rate,
         skipped: if upd.skipped { 1.0 } else { 0.0 },

@@ -1,10 +1,11 @@
 //! Group Relative Policy Optimisation. The pure numerics ([`advantage`], [`loss`],
-//! [`optim`], [`pack`]) and the loop built from them: [`batch`] collects a step's
+//! [`correction`], [`optim`], [`pack`]) and the loop built from them: [`batch`] collects a step's
 //! scored completions, [`update`] turns them into one AdamW step, [`metrics`] makes the
 //! log row, and [`trainer`] runs steps, checkpoints and the curriculum.
 pub mod advantage;
 pub mod batch;
 pub mod bench;
+pub mod correction;
 pub mod loss;
 pub mod metrics;
 pub mod optim;

@@ -29,6 +29,9 @@ pub struct Rollout {
     pub advantage: f64,
     /// Log-probs recorded for `num_iterations > 1` (per completion token).
     pub old_logp: Option<Vec<f32>>,
+    /// The sampler's log-probs of the completion tokens under `softmax(logits / T)`
+    /// (what the trainer recomputes), for the mismatch metrics and corrections.
+    pub sampler_logp: Option<Vec<f32>>,
 }
 
 impl Rollout {
@@ -63,6 +66,10 @@ pub struct Packed {
     pub old_logp: Vec<f32>,
     /// Whether every row had old log-probs.
     pub has_old: bool,
+    /// `rows * comp_len` sampler log-probs (0 where absent).
+    pub sampler_logp: Vec<f32>,
+    /// Whether every row had sampler log-probs.
+    pub has_sampler: bool,
     pub advantages: Vec<f32>,
 }
 
@@ -96,6 +103,8 @@ pub fn pack(rows: &[&Rollout], pad_id: u32, mask_truncated: bool) -> Result<Pack
         mask: vec![0.0; n * comp_len],
         old_logp: vec![0.0; n * comp_len],
         has_old: rows.iter().all(|r| r.old_logp.is_some()),
+        sampler_logp: vec![0.0; n * comp_len],
+        has_sampler: rows.iter().all(|r| r.sampler_logp.is_some()),
         advantages: rows.iter().map(|r| r.advantage as f32).collect(),
     };
     for (i, r) in rows.iter().enumerate() {
@@ -129,6 +138,16 @@ pub fn pack(rows: &[&Rollout], pad_id: u32, mask_truncated: bool) -> Result<Pack
             }
             p.old_logp[i * comp_len..i * comp_len + o.len()].copy_from_slice(o);
         }
+        if let Some(s) = &r.sampler_logp {
+            if s.len() != r.completion_ids.len() {
+                bail!(
+                    "sampler log-probs have {} entries for {} tokens",
+                    s.len(),
+                    r.completion_ids.len()
+                );
+            }
+            p.sampler_logp[i * comp_len..i * comp_len + s.len()].copy_from_slice(s);
+        }
     }
     Ok(p)
 }
@@ -155,6 +174,7 @@ mod tests {
             scalar: 0.0,
             advantage: 0.5,
             old_logp: None,
+            sampler_logp: None,
         }
     }
 

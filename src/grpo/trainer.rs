@@ -148,7 +148,7 @@ impl Trainer {
             names.sort();
             names.dedup();
             if !names.is_empty() {
-                state.csv_header = log::csv_header(&names, dynamic_sampling(&stages));
+                state.csv_header = log::csv_header(&names, optional_columns(&stages));
             }
         }
         let total_steps = total_steps(&cfg, &stages);
@@ -330,7 +330,7 @@ impl Trainer {
         };
         if self.state.csv_header.is_empty() {
             let names: Vec<String> = row.components.keys().cloned().collect();
-            self.state.csv_header = log::csv_header(&names, dynamic_sampling(&self.stages));
+            self.state.csv_header = log::csv_header(&names, optional_columns(&self.stages));
         }
         log::append_row(&self.run_dir, &self.state.csv_header, &row)?;
         let samples = metrics::samples(
@@ -377,9 +377,16 @@ impl Trainer {
     }
 }
 
-/// Whether any stage draws prompts dynamically (the log then has its columns).
-fn dynamic_sampling(stages: &[Stage]) -> bool {
-    stages.iter().any(|s| s.cfg.grpo.dynamic_sampling)
+/// The optional log columns of a run: dynamic sampling's, and those of the loss types
+/// with metrics of their own, when any stage uses them.
+fn optional_columns(stages: &[Stage]) -> log::OptionalColumns {
+    let any =
+        |f: &dyn Fn(&crate::config::GrpoConfig) -> bool| stages.iter().any(|s| f(&s.cfg.grpo));
+    log::OptionalColumns {
+        dynamic_sampling: any(&|g| g.dynamic_sampling),
+        cispo: any(&|g| g.loss_type == crate::config::LossType::Cispo),
+        vespo: any(&|g| g.loss_type == crate::config::LossType::Vespo),
+    }
 }
 
 /// Plain progress lines for a stderr that is not a terminal (a batch job's log): one

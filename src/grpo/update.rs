@@ -67,10 +67,12 @@ impl Learner<'_> {
             .map(|r| r.loss_mask(g.mask_truncated_completions))
             .collect();
         let scale = LossScale::from_masks(masks.iter().map(|m| m.as_slice()));
-        // Rows with zero advantage carry no gradient unless the KL term is on: skip them
-        // (their share of the normalisers above stays, so the update is unchanged).
+        // Rows with zero advantage carry no gradient unless the KL term or an entropy
+        // term is on: skip them (their share of the normalisers above stays, so the
+        // update is unchanged).
+        let every_row = g.beta > 0.0 || g.entropy_coef != 0.0 || g.top_entropy_quantile < 1.0;
         let active: Vec<usize> = (0..rollouts.len())
-            .filter(|&i| g.beta > 0.0 || rollouts[i].advantage != 0.0)
+            .filter(|&i| every_row || rollouts[i].advantage != 0.0)
             .filter(|&i| !rollouts[i].completion_ids.is_empty())
             .collect();
         // The micro-batches: row indices into `rollouts`, and with prompt sharing the
@@ -118,6 +120,11 @@ impl Learner<'_> {
                 } else {
                     None
                 };
+                let sampler = if packed.has_sampler {
+                    Some(Tensor::from_vec(packed.sampler_logp.clone(), (b, c), &dev)?)
+                } else {
+                    None
+                };
                 let reference = if g.beta > 0.0 {
                     // With LoRA the reference policy is the base model: the same
                     // weights with the adapter switched off, no copy.
@@ -136,6 +143,7 @@ impl Learner<'_> {
                         advantages: &advt,
                         mask: &mask,
                         entropy: ent.as_ref(),
+                        sampler_logp: sampler.as_ref(),
                     },
                     &loss_params,
                     &scale,

@@ -773,7 +773,8 @@ pub const PROB_CACHE_BYTES: usize = 1 << 30;
 /// Log-probabilities of `targets` `[N]` (u32) under `softmax(h W^T / temperature)` for
 /// hidden states `h` `[N, H]`, computed `chunk` rows at a time so that at most
 /// `[chunk, V]` logits exist at once (forward and backward). Returns
-/// `(logp [N] f32, entropy [N] f32 if asked (detached))`.
+/// `(logp [N] f32, entropy [N] f32 if asked)`; the entropy is differentiable too (see
+/// [`attach_entropy`]: it costs nothing unless a loss uses it).
 /// The backward uses the forward's softmax when all of it fits in [`PROB_CACHE_BYTES`],
 /// else recomputes each chunk: `dh = g/T * (W[target] - softmax @ W)`.
 pub fn chunked_token_logprobs(
@@ -856,6 +857,10 @@ pub fn chunked_token_logprobs_cached(
     } else {
         None
     };
+    let entropy = match entropy {
+        Some(e) => Some(attach_entropy(h, w, e, inv_t, chunk, probs.clone())?),
+        None => None,
+    };
     let w = w.clone();
     let logp = attach([h], logp, "chunked-logprobs", move |[h], _y, g| {
         let dtype = h.dtype();
@@ -883,6 +888,49 @@ pub fn chunked_token_logprobs_cached(
         Ok([Some(Tensor::cat(&parts, 0)?)])
     })?;
     Ok((logp, entropy))
+}
+
+/// Make the per-token entropies `ent` `[N]` of `softmax(h W^T * inv_t)` a function of
+/// `h` (for an entropy bonus; nothing is computed unless a loss uses them). With
+/// `H = -sum_j p_j ln p_j`, `dH/dz_j = -p_j (ln p_j + H)` (the logsumexp cancels), so
+/// the backward needs only the softmax: the forward's `probs` when kept, else each
+/// chunk's recomputed; `dh = inv_t * (g * dH/dz) W`.
+fn attach_entropy(
+    h: &Tensor,
+    w: &Tensor,
+    ent: Tensor,
+    inv_t: f64,
+    chunk: usize,
+    probs: Vec<Tensor>,
+) -> Result<Tensor> {
+    let n = h.dim(0)?;
+    let w = w.clone();
+    attach([h], ent, "chunked-entropy", move |[h], y, g| {
+        let dtype = h.dtype();
+        let h = h.contiguous()?;
+        let g = g.to_dtype(DType::F32)?;
+        let mut parts = Vec::new();
+        let mut start = 0;
+        while start < n {
+            let c = chunk.min(n - start);
+            let p = match probs.get(parts.len()) {
+                Some(p) => p.clone(),
+                None => {
+                    let hc = h.narrow(0, start, c)?;
+                    let logits = (hc.matmul(&w.t()?)?.to_dtype(DType::F32)? * inv_t)?;
+                    candle_nn::ops::softmax_last_dim(&logits)?
+                }
+            };
+            // ln p with underflowed probabilities kept finite (their p factor is 0).
+            let lnp = p.maximum(f32::MIN_POSITIVE as f64)?.log()?;
+            let hy = y.narrow(0, start, c)?.unsqueeze(1)?;
+            let gc = g.narrow(0, start, c)?.unsqueeze(1)?;
+            let dz = ((p * lnp.broadcast_add(&hy)?)?.neg()?.broadcast_mul(&gc)? * inv_t)?;
+            parts.push(dz.to_dtype(w.dtype())?.matmul(&w)?.to_dtype(dtype)?);
+            start += c;
+        }
+        Ok([Some(Tensor::cat(&parts, 0)?)])
+    })
 }
 
 #[cfg(test)]
@@ -1033,6 +1081,27 @@ mod tests {
                     let l = (h.matmul(&w.t()?)? / 0.8)?;
                     let l = candle_nn::ops::log_softmax(&l, D::Minus1)?;
                     l.gather(&ids.unsqueeze(1)?, 1)?.squeeze(1)
+                },
+            );
+        }
+    }
+
+    #[test]
+    fn chunked_entropy_gradient_matches_composition() {
+        // A scaled head so some probabilities are tiny (the ln p guard).
+        let w = (rand(&[11, 6], 12) * 8.0).unwrap();
+        let ids = Tensor::new(&[0u32, 3, 10, 5, 5, 1, 2], &Device::Cpu).unwrap();
+        for (chunk, cache) in [(1, 0), (3, 0), (3, PROB_CACHE_BYTES)] {
+            check(
+                &[7, 6],
+                |h| {
+                    let out = chunked_token_logprobs_cached(h, &w, &ids, 0.8, chunk, true, cache)?;
+                    Ok(out.1.expect("entropy asked"))
+                },
+                |h| {
+                    let l = (h.matmul(&w.t()?)? / 0.8)?;
+                    let lp = candle_nn::ops::log_softmax(&l, D::Minus1)?;
+                    (lp.exp()? * &lp)?.sum(D::Minus1)?.neg()
                 },
             );
         }

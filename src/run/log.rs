@@ -29,12 +29,31 @@ pub struct StepRow {
     pub min_length: f64,
     pub max_length: f64,
     pub clipped_ratio: f64,
+    /// Lengths of the completions that ended (not truncated); 0 when none did.
+    pub mean_terminated_length: f64,
+    pub min_terminated_length: f64,
+    pub max_terminated_length: f64,
     pub kl: f64,
     pub entropy: f64,
     pub clip_low: f64,
     pub clip_high: f64,
     pub clip_region: f64,
+    pub clip_low_min: f64,
+    pub clip_high_max: f64,
+    /// `cispo` runs only.
+    pub cispo_clip_ratio: f64,
+    /// `vespo` runs only.
+    pub vespo_phi_mean: f64,
     pub loss: f64,
+    /// The loss without the entropy bonus.
+    pub policy_loss: f64,
+    /// `|logp_trainer - logp_sampler|` over the trained tokens.
+    pub sampling_logp_diff_mean: f64,
+    pub sampling_logp_diff_max: f64,
+    /// Sampler/trainer importance weights (per token or sequence, as configured).
+    pub sampling_ratio_min: f64,
+    pub sampling_ratio_mean: f64,
+    pub sampling_ratio_max: f64,
     pub grad_norm: f64,
     pub learning_rate: f64,
     pub num_tokens: f64,
@@ -67,12 +86,39 @@ pub const TAIL_COLUMNS: &[Column] = &[
     ("completions/min_length", |r| r.min_length),
     ("completions/max_length", |r| r.max_length),
     ("completions/clipped_ratio", |r| r.clipped_ratio),
+    ("completions/mean_terminated_length", |r| {
+        r.mean_terminated_length
+    }),
+    ("completions/min_terminated_length", |r| {
+        r.min_terminated_length
+    }),
+    ("completions/max_terminated_length", |r| {
+        r.max_terminated_length
+    }),
     ("kl", |r| r.kl),
     ("entropy", |r| r.entropy),
     ("clip_ratio/low_mean", |r| r.clip_low),
     ("clip_ratio/high_mean", |r| r.clip_high),
     ("clip_ratio/region_mean", |r| r.clip_region),
+    ("clip_ratio/low_min", |r| r.clip_low_min),
+    ("clip_ratio/high_max", |r| r.clip_high_max),
     ("loss", |r| r.loss),
+    ("policy_loss", |r| r.policy_loss),
+    ("sampling/sampling_logp_difference/mean", |r| {
+        r.sampling_logp_diff_mean
+    }),
+    ("sampling/sampling_logp_difference/max", |r| {
+        r.sampling_logp_diff_max
+    }),
+    ("sampling/importance_sampling_ratio/min", |r| {
+        r.sampling_ratio_min
+    }),
+    ("sampling/importance_sampling_ratio/mean", |r| {
+        r.sampling_ratio_mean
+    }),
+    ("sampling/importance_sampling_ratio/max", |r| {
+        r.sampling_ratio_max
+    }),
     ("grad_norm", |r| r.grad_norm),
     ("learning_rate", |r| r.learning_rate),
     ("num_tokens", |r| r.num_tokens),
@@ -84,6 +130,23 @@ pub const TAIL_COLUMNS: &[Column] = &[
     ("seconds", |r| r.seconds),
 ];
 
+/// Written last by runs with `grpo.loss_type = "cispo"` (in any stage).
+pub const CISPO_COLUMNS: &[Column] = &[("cispo_clip_ratio", |r| r.cispo_clip_ratio)];
+
+/// Written last by runs with `grpo.loss_type = "vespo"` (in any stage).
+pub const VESPO_COLUMNS: &[Column] = &[("vespo/phi_seq_mean", |r| r.vespo_phi_mean)];
+
+/// The column groups only some runs write.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct OptionalColumns {
+    /// [`DYNAMIC_SAMPLING_COLUMNS`].
+    pub dynamic_sampling: bool,
+    /// [`CISPO_COLUMNS`].
+    pub cispo: bool,
+    /// [`VESPO_COLUMNS`].
+    pub vespo: bool,
+}
+
 /// Columns whose values depend on wall time (excluded when comparing runs).
 pub const TIMING_COLUMNS: &[&str] = &[
     "gen_tokens_per_s",
@@ -94,10 +157,10 @@ pub const TIMING_COLUMNS: &[&str] = &[
 ];
 
 /// The header for a run whose reward components are `components` (sorted names).
-pub fn csv_header(components: &[String], dynamic_sampling: bool) -> Vec<String> {
+pub fn csv_header(components: &[String], optional: OptionalColumns) -> Vec<String> {
     let mut h = vec!["step".to_string(), "stage".into(), "env".into()];
     h.extend(HEAD_COLUMNS.iter().map(|(n, _)| n.to_string()));
-    if dynamic_sampling {
+    if optional.dynamic_sampling {
         h.extend(DYNAMIC_SAMPLING_COLUMNS.iter().map(|(n, _)| n.to_string()));
     }
     for c in components {
@@ -105,6 +168,14 @@ pub fn csv_header(components: &[String], dynamic_sampling: bool) -> Vec<String> 
         h.push(format!("rewards/{c}/std"));
     }
     h.extend(TAIL_COLUMNS.iter().map(|(n, _)| n.to_string()));
+    for (on, cols) in [
+        (optional.cispo, CISPO_COLUMNS),
+        (optional.vespo, VESPO_COLUMNS),
+    ] {
+        if on {
+            h.extend(cols.iter().map(|(n, _)| n.to_string()));
+        }
+    }
     h
 }
 
@@ -141,6 +212,8 @@ pub fn csv_line(header: &[String], row: &StepRow) -> String {
             .iter()
             .chain(DYNAMIC_SAMPLING_COLUMNS)
             .chain(TAIL_COLUMNS)
+            .chain(CISPO_COLUMNS)
+            .chain(VESPO_COLUMNS)
             .find(|(n, _)| *n == c)
             .map_or(String::new(), |(_, get)| fmt_f(get(row)))
     };
@@ -384,7 +457,7 @@ mod tests {
 
     #[test]
     fn written_rows_read_back_by_name() {
-        let header = csv_header(&["win".to_string()], false);
+        let header = csv_header(&["win".to_string()], OptionalColumns::default());
         let row = StepRow {
             step: 3,
             stage: "main".into(),
