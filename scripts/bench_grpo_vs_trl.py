@@ -64,7 +64,13 @@ if not os.path.exists(os.path.join(cache, "config.json")):
     # ordinary model (it refuses anything still marked as GGUF-quantized).
     d, f = os.path.split(os.path.abspath(a["model"]))
     AutoTokenizer.from_pretrained(d, gguf_file=f).save_pretrained(cache)
-    AutoModelForCausalLM.from_pretrained(d, gguf_file=f, dtype=torch.float32).save_pretrained(cache)
+    m = AutoModelForCausalLM.from_pretrained(d, gguf_file=f, dtype=torch.float32)
+    # Its parameters are plain f32 tensors now; only the GGUF marker remains.
+    m.hf_quantizer = None
+    m.is_quantized = False
+    if hasattr(m.config, "quantization_config"):
+        del m.config.quantization_config
+    m.save_pretrained(cache)
 tok = AutoTokenizer.from_pretrained(cache)
 model = AutoModelForCausalLM.from_pretrained(cache, dtype=torch.float32)
 load_s = time.perf_counter() - t_load
