@@ -3,16 +3,24 @@
 
 /// Peak resident set size of this process in MiB (VmHWM), 0 where unknown.
 pub fn peak_rss_mb() -> f64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines().find(|l| l.starts_with("VmHWM:")).and_then(|l| {
-                l.split_whitespace()
-                    .nth(1)
-                    .and_then(|v| v.parse::<f64>().ok())
-            })
-        })
-        .map_or(0.0, |kb| kb / 1024.0)
+    status_kb("VmHWM:").map_or(0.0, |kb| kb / 1024.0)
+}
+
+/// Resident set size of this process now in MiB (VmRSS), 0 where unknown.
+pub fn rss_mb() -> f64 {
+    status_kb("VmRSS:").map_or(0.0, |kb| kb / 1024.0)
+}
+
+/// Reset the peak RSS ([`peak_rss_mb`]) to the current RSS (Linux `clear_refs` 5), so
+/// that the next reading is the peak of what follows. False where not supported.
+pub fn reset_peak_rss() -> bool {
+    std::fs::write("/proc/self/clear_refs", "5").is_ok()
+}
+
+fn status_kb(key: &str) -> Option<f64> {
+    let s = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = s.lines().find(|l| l.starts_with(key))?;
+    line.split_whitespace().nth(1)?.parse::<f64>().ok()
 }
 
 /// CPU time used by the calling thread, in seconds (Linux only; `None` elsewhere).

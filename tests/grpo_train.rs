@@ -443,6 +443,7 @@ fn bench_train_random_05b() {
         dtype: DType::F32,
         device: Device::Cpu,
         r: 16,
+        gradient_checkpointing: false,
         json: true,
     })
     .unwrap();

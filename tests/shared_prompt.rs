@@ -11,9 +11,9 @@ use concord::grpo::advantage::Advantages;
 use concord::grpo::batch::Batch;
 use concord::grpo::optim::{AdamW, AdamWParams, LrSchedule};
 use concord::grpo::pack::{pack, Packed, Rollout};
-use concord::grpo::update::{
-    completion_logprobs, completion_logprobs_shared, shared_micro_batches, Learner,
-};
+use concord::grpo::plan::plan;
+use concord::grpo::update::{completion_logprobs, completion_logprobs_shared, Learner};
+use concord::model::budget::{MemoryBudget, TrainMemory};
 use concord::model::lora::LoraConfig;
 use concord::model::qwen2::{random_weights, Mode, Qwen2, Qwen2Config};
 use rand::{Rng, SeedableRng};
@@ -28,7 +28,12 @@ fn whole(n: usize) -> Vec<Range<usize>> {
 const VOCAB: usize = 64;
 
 /// GQA with 4 query heads per kv head (like 14/2 on Qwen2.5-0.5B, at 8/2).
-fn model() -> Qwen2 {
+pub(crate) fn model() -> Qwen2 {
+    model_with_dropout(0.0)
+}
+
+/// [`model`] with LoRA dropout `dropout`.
+pub(crate) fn model_with_dropout(dropout: f64) -> Qwen2 {
     let cfg = Qwen2Config {
         vocab_size: VOCAB,
         num_attention_heads: 8,
@@ -43,7 +48,7 @@ fn model() -> Qwen2 {
     let lora = LoraConfig {
         r: 4,
         alpha: 8.0,
-        dropout: 0.0,
+        dropout,
         target_modules: crate::util::all_lora_targets(),
         use_rslora: false,
         init_seed: 5,
@@ -85,7 +90,7 @@ fn rollout(group: usize, prompt: &[u32], comp_len: usize, rng: &mut ChaCha8Rng) 
 }
 
 /// Groups of rollouts: per group (prompt length, completion lengths).
-fn groups(spec: &[(usize, &[usize])], seed: u64) -> Vec<Rollout> {
+pub(crate) fn groups(spec: &[(usize, &[usize])], seed: u64) -> Vec<Rollout> {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let mut out = Vec::new();
     for (gi, (plen, lens)) in spec.iter().enumerate() {
@@ -174,21 +179,48 @@ fn shared_prompt_matches_packed_several_groups() {
     eprintln!("three groups: max |dlogp| {lp:e}, max rel grad diff {g:e}");
 }
 
+/// Micro-batches of an unlimited budget: row indices and group ranges.
+fn cuts(rows: &[Rollout], active: &[usize], micro: usize) -> Vec<(Vec<usize>, Vec<Range<usize>>)> {
+    let m = model();
+    plan(
+        rows,
+        active,
+        micro,
+        true,
+        &TrainMemory::new(&m, false),
+        &MemoryBudget::default(),
+    )
+    .unwrap()
+    .micro_batches
+    .into_iter()
+    .map(|mb| (mb.rows, mb.groups.unwrap()))
+    .collect()
+}
+
 #[test]
 fn shared_micro_batches_cut_at_group_boundaries() {
     let rows = groups(&[(4, &[2, 2, 2]), (5, &[2, 2, 2]), (6, &[2, 2, 2])], 3);
     let active: Vec<usize> = (0..9).filter(|&i| i != 4).collect();
-    let mb = shared_micro_batches(&rows, &active, 5);
     assert_eq!(
-        mb,
+        cuts(&rows, &active, 5),
         vec![
             (vec![0, 1, 2, 3, 5], vec![0..3, 3..5]),
             (vec![6, 7, 8], whole(3)),
         ]
     );
-    // A group larger than the micro-batch stays whole; 0 = everything at once.
-    assert_eq!(shared_micro_batches(&rows, &active, 2).len(), 3);
-    assert_eq!(shared_micro_batches(&rows, &active, 0).len(), 1);
+    // `micro_batch` caps every micro-batch: a larger group is cut into sub-groups (each
+    // runs the prompt again); 0 = everything at once.
+    assert_eq!(
+        cuts(&rows, &active, 2),
+        vec![
+            (vec![0, 1], whole(2)),
+            (vec![2], whole(1)),
+            (vec![3, 5], whole(2)),
+            (vec![6, 7], whole(2)),
+            (vec![8], whole(1)),
+        ]
+    );
+    assert_eq!(cuts(&rows, &active, 0).len(), 1);
 }
 
 /// One `Learner::update` (two iterations, so old log-probs are recorded and reused) with

@@ -9,6 +9,7 @@ mod gguf;
 mod grpo_math;
 mod grpo_train;
 mod load_checkpoint;
+mod memory;
 mod model_core;
 mod parity;
 mod plot;

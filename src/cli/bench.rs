@@ -94,6 +94,9 @@ pub struct BenchTrainArgs {
     /// LoRA rank of the adapter on every target module.
     #[arg(long, default_value_t = 16, value_parser = super::positive)]
     pub r: usize,
+    /// Recompute each layer's activations in the backward (activation checkpointing).
+    #[arg(long)]
+    pub gradient_checkpointing: bool,
     /// Print the result as one JSON object.
     #[arg(long)]
     pub json: bool,
@@ -115,6 +118,7 @@ impl BenchTrainArgs {
             iters: self.iters,
             dtype,
             r: self.r,
+            gradient_checkpointing: self.gradient_checkpointing,
             json: self.json,
         })
     }

@@ -428,15 +428,30 @@ pub struct OptimConfig {
     pub weight_decay: f64,
     pub warmup_steps: usize,
     pub schedule: Schedule,
-    /// Sequences per forward/backward (gradient accumulation); 0: the whole batch.
+    /// At most this many sequences per forward/backward (gradient accumulation); 0: no
+    /// cap (the memory budget alone cuts the batch).
     pub micro_batch: usize,
     /// Run each group's shared prompt through the training forward once (its keys and
     /// values, with their graph, shared by the group's completions) instead of once per
-    /// completion. Micro-batches are then cut at group boundaries: whole groups, at most
-    /// `micro_batch` rows unless a single group is larger. Same log-probs and gradients
+    /// completion. Micro-batches then hold whole groups when they fit; a group larger
+    /// than `micro_batch` or the memory budget is cut into sub-groups that each run the
+    /// prompt. Same log-probs and gradients
     /// up to float rounding without LoRA dropout; with dropout, a prompt token's mask is
     /// shared by the group. Default off.
     pub share_prompt: bool,
+    /// Memory a training micro-batch may take (activations, attention, log-prob head),
+    /// in GB (10^9 bytes). Micro-batches (and, with `share_prompt`, groups) are split
+    /// until each one's estimate ([`crate::model::budget::TrainMemory`]) fits; a row
+    /// that alone does not fit is an error naming both numbers. Unset: a share
+    /// ([`crate::model::budget::DEFAULT_BUDGET_SHARE`]) of the host's available memory
+    /// on the CPU; no automatic split on other devices (their free memory is not read).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub memory_budget_gb: Option<f64>,
+    /// Recompute each decoder layer's activations in the backward instead of keeping
+    /// them (TRL's `gradient_checkpointing`): a micro-batch then holds one layer's
+    /// activations plus every layer's input, for about one more forward of compute.
+    /// Same gradients up to float rounding. Default off.
+    pub gradient_checkpointing: bool,
 }
 
 impl Default for OptimConfig {
@@ -451,6 +466,8 @@ impl Default for OptimConfig {
             schedule: Schedule::Linear,
             micro_batch: 0,
             share_prompt: false,
+            memory_budget_gb: None,
+            gradient_checkpointing: false,
         }
     }
 }
@@ -582,6 +599,8 @@ pub mod limits {
     pub const MAX_COMPLETION_LENGTH: usize = 131_072;
     /// `grpo.num_iterations`.
     pub const MAX_NUM_ITERATIONS: usize = 1000;
+    /// `optim.memory_budget_gb` (a petabyte: a typo guard, not a machine).
+    pub const MAX_MEMORY_BUDGET_GB: f64 = 1e6;
 }
 
 /// Keys a resumed run may not change: they shape the adapter (`lora.*`, the base

@@ -271,6 +271,19 @@ impl Config {
                 format!("{} exceeds run.steps = {}", o.warmup_steps, r.steps),
             ));
         }
+        if let Some(gb) = o.memory_budget_gb {
+            if !(gb > 0.0) || gb > limits::MAX_MEMORY_BUDGET_GB {
+                return Err(err(
+                    "optim",
+                    "memory_budget_gb",
+                    format!(
+                        "{gb} must be > 0 and at most {} (GB; leave it unset for a share \
+                         of the available memory)",
+                        limits::MAX_MEMORY_BUDGET_GB
+                    ),
+                ));
+            }
+        }
         match &self.env {
             Some(e) if e.name.trim().is_empty() => {
                 return Err(err("env", "name", "must name an environment".into()))

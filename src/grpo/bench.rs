@@ -1,7 +1,7 @@
 //! `concord bench train`: LoRA forward + backward throughput of a `[batch, seq]` batch
 //! (the training half of a GRPO step, without sampling).
 use crate::model::lora::{LoraConfig, LORA_TARGETS};
-use crate::model::qwen2::Mode;
+use crate::model::qwen2::{Checkpoints, Mode};
 use anyhow::{bail, Context, Result};
 use candle_core::{DType, Device, Tensor};
 use std::time::Instant;
@@ -20,6 +20,8 @@ pub struct BenchTrainOptions {
     pub device: Device,
     /// LoRA rank (alpha = 2r, every target module).
     pub r: usize,
+    /// Recompute layer activations in the backward (`[optim] gradient_checkpointing`).
+    pub gradient_checkpointing: bool,
     pub json: bool,
 }
 
@@ -56,14 +58,43 @@ pub fn bench_train(a: &BenchTrainOptions) -> Result<()> {
     let ids = Tensor::from_vec(ids, (a.batch, a.seq), device)?;
     let vars = model.lora_vars();
     let run = || -> Result<()> {
-        let lp = model.sequence_logprobs(&ids, None, Mode::Grad, 1.0, false)?;
+        let ck = a.gradient_checkpointing.then(Checkpoints::new);
+        let hidden = match &ck {
+            Some(ck) => model.forward_checkpointed(&ids, None, Mode::Grad, ck)?,
+            None => model.forward(&ids, None, Mode::Grad)?,
+        };
+        let t = a.seq;
+        let lp = model.token_logprobs(
+            &hidden.narrow(1, 0, t - 1)?,
+            &ids.narrow(1, 1, t - 1)?,
+            1.0,
+            false,
+        )?;
         let loss = lp.logprobs.sum_all()?.neg()?;
-        let grads = loss.backward()?;
+        let mut grads = loss.backward()?;
+        if let Some(ck) = &ck {
+            drop((hidden, lp, loss));
+            ck.backward(&model, &mut grads)?;
+        }
         if !vars.iter().any(|(_, v)| grads.get(v.as_tensor()).is_some()) {
             bail!("no LoRA gradient");
         }
         Ok(())
     };
+    if a.seq < 2 {
+        bail!("--seq must be at least 2");
+    }
+    // The memory estimate of one forward + backward against the growth of peak RSS
+    // over the RSS with the model loaded (the trainer's budget covers that growth).
+    let estimate = crate::model::budget::TrainMemory::new(&model, a.gradient_checkpointing)
+        .estimate(crate::model::budget::TrainShape::Packed {
+            rows: a.batch,
+            width: a.seq,
+            scored: a.seq - 1,
+        })
+        .bytes();
+    let base_rss = crate::sys::rss_mb();
+    crate::sys::reset_peak_rss();
     run()?; // warm-up
     device.synchronize()?;
     let t = Instant::now();
@@ -74,15 +105,34 @@ pub fn bench_train(a: &BenchTrainOptions) -> Result<()> {
     let secs = t.elapsed().as_secs_f64() / a.iters.max(1) as f64;
     let tps = (a.batch * a.seq) as f64 / secs;
     let rss = crate::sys::peak_rss_mb();
+    let growth_mb = (rss - base_rss).max(0.0);
+    let estimate_mb = estimate / (1024.0 * 1024.0);
     if a.json {
         println!(
             "{}",
-            serde_json::json!({"tokens_per_s": tps, "seconds": secs, "peak_rss_mb": rss})
+            serde_json::json!({
+                "tokens_per_s": tps,
+                "seconds": secs,
+                "peak_rss_mb": rss,
+                "base_rss_mb": base_rss,
+                "train_peak_mb": growth_mb,
+                "estimate_mb": estimate_mb,
+                "gradient_checkpointing": a.gradient_checkpointing,
+            })
         );
     } else {
         println!(
-            "bench train {} B={} T={} r={}: {:.1} tokens/s, {:.2} s per forward+backward, peak RSS {:.0} MiB",
-            a.model, a.batch, a.seq, a.r, tps, secs, rss
+            "bench train {} B={} T={} r={}{}: {:.1} tokens/s, {:.2} s per forward+backward, peak RSS {:.0} MiB ({:.0} MiB over the loaded model; estimate {:.0} MiB)",
+            a.model,
+            a.batch,
+            a.seq,
+            a.r,
+            if a.gradient_checkpointing { " checkpointed" } else { "" },
+            tps,
+            secs,
+            rss,
+            growth_mb,
+            estimate_mb
         );
     }
     Ok(())

@@ -10,5 +10,6 @@ pub mod loss;
 pub mod metrics;
 pub mod optim;
 pub mod pack;
+pub mod plan;
 pub mod trainer;
 pub mod update;

@@ -57,6 +57,9 @@ pub struct Trainer {
     pub quiet: bool,
     pad_id: u32,
     base_model: String,
+    /// The most micro-batches an update of this process was cut into so far: the
+    /// memory line is printed at the first update and whenever this grows.
+    max_micro_batches: Option<usize>,
 }
 
 static INTERRUPTED: AtomicBool = AtomicBool::new(false);
@@ -168,6 +171,7 @@ impl Trainer {
             quiet: false,
             pad_id,
             base_model,
+            max_micro_batches: None,
         })
     }
 
@@ -295,13 +299,21 @@ impl Trainer {
     ) -> Result<UpdateStats> {
         let cfg = &self.stages[stage].cfg;
         self.opt.params = AdamWParams::from_config(&cfg.optim);
-        Learner {
+        let stats = Learner {
             model: &self.model,
             opt: &mut self.opt,
             sched: &self.sched,
             pad_id: self.pad_id,
         }
-        .update(batch, &cfg.grpo, &cfg.optim, self.state.step, seed)
+        .update(batch, &cfg.grpo, &cfg.optim, self.state.step, seed)?;
+        let n = stats.plan.micro_batches.len();
+        if n > 0 && self.max_micro_batches.is_none_or(|m| n > m) {
+            self.max_micro_batches = Some(n);
+            if !self.quiet {
+                eprintln!("step {}: {}", self.state.step + 1, stats.plan.summary());
+            }
+        }
+        Ok(stats)
     }
 
     /// Count the step, then append its row to training_log.csv and its samples to

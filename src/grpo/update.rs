@@ -3,29 +3,35 @@
 //! accumulated -> NaN/inf check -> global-norm clipping -> AdamW with the scheduled
 //! learning rate; `num_iterations` times over the same batch.
 //!
+//! The micro-batches come from [`super::plan`]: at most `[optim] micro_batch` rows,
+//! each estimated to fit the memory budget (`[optim] memory_budget_gb`, by default a
+//! share of the available memory), or an error before anything is allocated.
+//!
 //! With `[optim] share_prompt = true`, each group's prompt goes through the model once
 //! per micro-batch ([`completion_logprobs_shared`], [`Qwen2::forward_shared_prefix`]) and
-//! micro-batches are cut at group boundaries (whole groups, at most `micro_batch` rows
-//! unless one group alone is larger). The loss normalisation does not change (it is
-//! computed over the whole batch). Without LoRA dropout the update equals the unshared
-//! one up to float rounding; with dropout, a prompt token's dropout mask is shared by
-//! the group's completions.
+//! micro-batches hold whole groups when they fit (a group too big for the cap or the
+//! budget is cut into sub-groups that each run the prompt). The loss normalisation does
+//! not change (it is computed over the whole batch). Without LoRA dropout the update
+//! equals the unshared one up to float rounding; with dropout, a prompt token's dropout
+//! mask is shared by the group's completions.
+//!
+//! With `[optim] gradient_checkpointing = true` the training forward keeps only each
+//! decoder layer's input and [`Checkpoints::backward`] recomputes the layers in the
+//! backward: the same gradients up to float rounding, for about one more forward.
 use super::batch::Batch;
 use super::loss::{grpo_loss, LossInputs, LossParams, LossScale, LossStats};
 use super::optim::{clip_grad_norm, AdamW, LrSchedule};
-use super::pack::{micro_batches, pack, Packed, Rollout};
+use super::pack::{pack, Packed, Rollout};
+use super::plan::{plan, Plan};
 use crate::config::{GrpoConfig, OptimConfig};
+use crate::model::budget::{MemoryBudget, TrainMemory};
 use crate::model::ops;
-use crate::model::qwen2::{Mode, Qwen2};
+use crate::model::qwen2::{Checkpoints, Mode, Qwen2};
 use crate::rng::mix_seeds as mix;
 use anyhow::{bail, Result};
 use candle_core::{DType, Tensor};
-use std::collections::HashMap;
 use std::ops::Range;
 use std::time::Instant;
-
-/// One micro-batch: rollout indices, and with prompt sharing each group's row range in it.
-type MicroBatch = (Vec<usize>, Option<Vec<Range<usize>>>);
 
 /// What an update did.
 #[derive(Debug, Clone, Default)]
@@ -39,6 +45,8 @@ pub struct UpdateStats {
     /// Token positions that went through a training forward.
     pub trained_tokens: usize,
     pub secs: f64,
+    /// The micro-batches and the memory budget they were cut to.
+    pub plan: Plan,
 }
 
 /// The parts of the trainer an update changes or reads.
@@ -76,41 +84,43 @@ impl Learner<'_> {
             .filter(|&i| !rollouts[i].completion_ids.is_empty())
             .collect();
         // The micro-batches: row indices into `rollouts`, and with prompt sharing the
-        // row ranges (within the micro-batch) of each group.
-        let plan: Vec<MicroBatch> = if optim.share_prompt {
-            shared_micro_batches(rollouts, &active, optim.micro_batch)
-                .into_iter()
-                .map(|(rows, groups)| (rows, Some(groups)))
-                .collect()
-        } else {
-            micro_batches(active.len(), optim.micro_batch)
-                .into_iter()
-                .map(|r| (active[r].to_vec(), None))
-                .collect()
-        };
+        // row ranges (within the micro-batch) of each group. Cut before anything is
+        // allocated, so a row too big for the budget is an error, not an OOM kill.
+        let mem = TrainMemory::new(self.model, optim.gradient_checkpointing);
+        let budget = MemoryBudget::resolve(optim.memory_budget_gb, self.model.device());
+        let plan = plan(
+            rollouts,
+            &active,
+            optim.micro_batch,
+            optim.share_prompt,
+            &mem,
+            &budget,
+        )?;
         let mut out = UpdateStats::default();
         for iter in 0..g.num_iterations {
             let mut acc: Option<Vec<Tensor>> = None;
             let mut it_stats = LossStats::default();
-            for (mi, (idx, groups)) in plan.iter().enumerate() {
+            for (mi, mb) in plan.micro_batches.iter().enumerate() {
+                let (idx, groups) = (&mb.rows, &mb.groups);
                 if idx.is_empty() {
                     continue;
                 }
+                let checkpoints = optim.gradient_checkpointing.then(Checkpoints::new);
                 let rows: Vec<&Rollout> = idx.iter().map(|&i| &rollouts[i]).collect();
                 let packed = pack(&rows, self.pad_id, g.mask_truncated_completions)?;
                 let dropout_seed = mix(mix(seed, 2 + iter as u64), mi as u64);
-                let logprobs = |mode: Mode, entropy: bool| match groups {
-                    Some(gr) => completion_logprobs_shared(
-                        self.model,
-                        &packed,
-                        gr,
+                let logprobs = |mode: Mode, entropy: bool, ck: Option<&Checkpoints>| {
+                    let f = Forward {
+                        model: self.model,
                         mode,
-                        g.temperature,
-                        entropy,
-                    ),
-                    None => completion_logprobs(self.model, &packed, mode, g.temperature, entropy),
+                        checkpoints: ck,
+                    };
+                    match groups {
+                        Some(gr) => f.logprobs_shared(&packed, gr, g.temperature, entropy),
+                        None => f.logprobs(&packed, g.temperature, entropy),
+                    }
                 };
-                let (lp, ent) = logprobs(Mode::Train { dropout_seed }, true)?;
+                let (lp, ent) = logprobs(Mode::Train { dropout_seed }, true, checkpoints.as_ref())?;
                 let dev = lp.device().clone();
                 let (b, c) = (packed.rows, packed.comp_len);
                 let mask = Tensor::from_vec(packed.mask.clone(), (b, c), &dev)?;
@@ -129,7 +139,7 @@ impl Learner<'_> {
                     // With LoRA the reference policy is the base model: the same
                     // weights with the adapter switched off, no copy.
                     self.model.set_adapter_enabled(false);
-                    let r = logprobs(Mode::Detached, false);
+                    let r = logprobs(Mode::Detached, false, None);
                     self.model.set_adapter_enabled(true);
                     Some(r?.0)
                 } else {
@@ -157,7 +167,12 @@ impl Learner<'_> {
                         rollouts[ri].old_logp = Some(rows_lp[k][..n].to_vec());
                     }
                 }
-                let grads = loss_out.loss.backward()?;
+                let mut grads = loss_out.loss.backward()?;
+                if let Some(ck) = &checkpoints {
+                    // Free the head's graph before the layers are recomputed.
+                    drop((loss_out, lp, ent, reference));
+                    ck.backward(self.model, &mut grads)?;
+                }
                 self.opt.accumulate(&mut acc, &grads)?;
                 out.trained_tokens += match groups {
                     Some(gr) => shared_tokens(&packed, gr),
@@ -192,6 +207,7 @@ impl Learner<'_> {
             }
         }
         out.secs = t_train.elapsed().as_secs_f64();
+        out.plan = plan;
         Ok(out)
     }
 
@@ -216,49 +232,58 @@ pub fn completion_logprobs(
     temperature: f64,
     entropy: bool,
 ) -> Result<(Tensor, Option<Tensor>)> {
-    let dev = model.device().clone();
-    let ids = Tensor::from_vec(p.ids.clone(), (p.rows, p.width), &dev)?;
-    let hidden = model.forward(&ids, Some(&p.attention), mode)?;
-    let h = hidden.narrow(1, p.prompt_len - 1, p.comp_len)?;
-    let targets = Tensor::from_vec(p.targets.clone(), (p.rows, p.comp_len), &dev)?;
-    let out = model.token_logprobs(&h, &targets, temperature, entropy)?;
-    Ok((out.logprobs, out.entropy))
+    Forward::new(model, mode).logprobs(p, temperature, entropy)
 }
 
-/// Micro-batches of whole prompt groups: the `active` rows grouped by (group, prompt),
-/// groups in order of first appearance, as many whole groups per micro-batch as fit in
-/// `micro` rows (0: all; a group larger than `micro` gets a micro-batch of its own).
-/// Returns per micro-batch its rollout indices and each group's row range in it.
-pub fn shared_micro_batches(
-    rollouts: &[Rollout],
-    active: &[usize],
-    micro: usize,
-) -> Vec<(Vec<usize>, Vec<Range<usize>>)> {
-    let mut order: Vec<Vec<usize>> = Vec::new();
-    let mut key: HashMap<(usize, &[u32]), usize> = HashMap::new();
-    for &i in active {
-        let r = &rollouts[i];
-        let k = *key
-            .entry((r.group, r.prompt_ids.as_slice()))
-            .or_insert_with(|| {
-                order.push(Vec::new());
-                order.len() - 1
-            });
-        order[k].push(i);
-    }
-    let mut out: Vec<(Vec<usize>, Vec<Range<usize>>)> = Vec::new();
-    for grp in order {
-        let fits = out
-            .last()
-            .is_some_and(|(rows, _)| micro == 0 || rows.len() + grp.len() <= micro);
-        if !fits {
-            out.push((Vec::new(), Vec::new()));
+/// How a training forward runs: the model, the [`Mode`], and with activation
+/// checkpointing the record its backward is finished from.
+#[derive(Clone, Copy)]
+pub struct Forward<'a> {
+    pub model: &'a Qwen2,
+    pub mode: Mode,
+    pub checkpoints: Option<&'a Checkpoints>,
+}
+
+impl<'a> Forward<'a> {
+    /// A plain forward (no checkpointing).
+    pub fn new(model: &'a Qwen2, mode: Mode) -> Self {
+        Forward {
+            model,
+            mode,
+            checkpoints: None,
         }
-        let (rows, ranges) = out.last_mut().expect("pushed above");
-        ranges.push(rows.len()..rows.len() + grp.len());
-        rows.extend(grp);
     }
-    out
+
+    /// [`completion_logprobs`].
+    pub fn logprobs(
+        &self,
+        p: &Packed,
+        temperature: f64,
+        entropy: bool,
+    ) -> Result<(Tensor, Option<Tensor>)> {
+        let model = self.model;
+        let dev = model.device().clone();
+        let ids = Tensor::from_vec(p.ids.clone(), (p.rows, p.width), &dev)?;
+        let hidden = match self.checkpoints {
+            Some(ck) => model.forward_checkpointed(&ids, Some(&p.attention), self.mode, ck)?,
+            None => model.forward(&ids, Some(&p.attention), self.mode)?,
+        };
+        let h = hidden.narrow(1, p.prompt_len - 1, p.comp_len)?;
+        let targets = Tensor::from_vec(p.targets.clone(), (p.rows, p.comp_len), &dev)?;
+        let out = model.token_logprobs(&h, &targets, temperature, entropy)?;
+        Ok((out.logprobs, out.entropy))
+    }
+
+    /// [`completion_logprobs_shared`].
+    pub fn logprobs_shared(
+        &self,
+        p: &Packed,
+        groups: &[Range<usize>],
+        temperature: f64,
+        entropy: bool,
+    ) -> Result<(Tensor, Option<Tensor>)> {
+        shared(self, p, groups, temperature, entropy)
+    }
 }
 
 /// Token positions a shared-prompt forward of `p`'s groups runs: each group's prompt
@@ -307,6 +332,17 @@ pub fn completion_logprobs_shared(
     temperature: f64,
     entropy: bool,
 ) -> Result<(Tensor, Option<Tensor>)> {
+    Forward::new(model, mode).logprobs_shared(p, groups, temperature, entropy)
+}
+
+fn shared(
+    f: &Forward,
+    p: &Packed,
+    groups: &[Range<usize>],
+    temperature: f64,
+    entropy: bool,
+) -> Result<(Tensor, Option<Tensor>)> {
+    let (model, mode) = (f.model, f.mode);
     let dev = model.device().clone();
     let covered: usize = groups.iter().map(|r| r.len()).sum();
     if covered != p.rows
@@ -361,10 +397,22 @@ pub fn completion_logprobs_shared(
                 mask.extend_from_slice(&p.attention[s..s + cin]);
             }
             let ids = Tensor::from_vec(ids, (g, cin), &dev)?;
-            let (hp, hc) = model.forward_shared_prefix(&prompt_t, &ids, Some(&mask), gmode)?;
+            let (hp, hc) = match f.checkpoints {
+                Some(ck) => model.forward_shared_prefix_checkpointed(
+                    &prompt_t,
+                    &ids,
+                    Some(&mask),
+                    gmode,
+                    ck,
+                )?,
+                None => model.forward_shared_prefix(&prompt_t, &ids, Some(&mask), gmode)?,
+            };
             ops::prefix_cat(&hp.narrow(1, plen - 1, 1)?, &hc, 1)?
         } else {
-            let hp = model.forward(&prompt_t, None, gmode)?;
+            let hp = match f.checkpoints {
+                Some(ck) => model.forward_checkpointed(&prompt_t, None, gmode, ck)?,
+                None => model.forward(&prompt_t, None, gmode)?,
+            };
             let hid = hp.dim(2)?;
             hp.narrow(1, plen - 1, 1)?.broadcast_as((g, 1, hid))?
         };

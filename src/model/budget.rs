@@ -2,7 +2,47 @@
 //! `max_position_embeddings`, and a memory estimate (KV cache, logits, log-prob rows)
 //! against the memory the machine has. A request past either is a clear error that
 //! names the flag or key and the numbers, never an allocation abort.
-use super::qwen2::Qwen2Config;
+//!
+//! # Training memory
+//!
+//! [`TrainMemory::estimate`] predicts the peak memory of one training forward + backward
+//! of our Qwen2 ([`super::qwen2`], LoRA from [`super::lora`], the custom ops of
+//! [`super::ops`]) before anything is allocated, so that the trainer can cut
+//! micro-batches to a budget (`[optim] memory_budget_gb`). It counts what the graph
+//! keeps alive until the backward ends. With `H` hidden, `Q = heads x head_dim`,
+//! `K = kv_heads x head_dim`, `I` intermediate, `NH` query heads, `L` layers, `V` vocab,
+//! `s` bytes per element of the model dtype, and a forward stream of `n` tokens that
+//! each attend to `k` keys:
+//!
+//! - per layer: `n (6H + 5Q + 5K + 3I) s` — the RMSNorm outputs, q/k/v as projected,
+//!   made contiguous and rotated, the attention output before and after its transpose,
+//!   o_proj, the two residual sums, gate/up/SwiGLU and down_proj — plus
+//!   `2 n k NH s` for the attention scores and their softmax (the quadratic term), plus
+//!   `4 n D` for LoRA dropout masks (f32, `D` = the summed input widths of the targeted
+//!   modules; 0 without dropout);
+//! - once: the additive attention mask, `4 n k`;
+//! - the log-prob head over the `m` scored positions: the final norm `n H s`, two
+//!   `m H s` copies of the scored rows, and the kept softmax `4 m V` when it fits
+//!   [`super::ops::PROB_CACHE_BYTES`] (per call, so per shared-prompt group);
+//! - on top, the largest short-lived working set (not summed over layers): the biggest
+//!   of one layer's attention backward `16 n k NH` (f32), its SwiGLU backward `20 n I`
+//!   and one log-prob chunk's logits `12 c V` (`c` = positions per chunk), plus the
+//!   residual stream's gradients `16 n H + 8 m H`.
+//!
+//! A shared-prompt group ([`super::qwen2::Qwen2::forward_shared_prefix`], `P` prompt
+//! tokens, `G` completions of `C` scored tokens) is two streams: the prompt (`n = P`,
+//! `k = P`) and the completions (`n = G (C-1)`, `k = P + C - 1`), plus per layer the
+//! prompt keys/values broadcast to every row, `2 G (P + C - 1) K s`. The groups of a
+//! micro-batch add their held memory; their working sets do not add.
+//!
+//! With gradient checkpointing only every layer's input is kept, `(L + 1) n H s` per
+//! stream, plus one layer's activations while it is recomputed in the backward.
+//!
+//! The sum is multiplied by [`CALIBRATION`] and [`OVERHEAD_BYTES`] added, both
+//! measured against peak RSS (see the constant). Model weights are not part of it: the budget's default is taken from
+//! the memory still available once the model is loaded.
+use super::lora::{LoraConfig, LORA_TARGETS};
+use super::qwen2::{Qwen2, Qwen2Config};
 use anyhow::{bail, Result};
 use candle_core::{DType, Device};
 
@@ -93,6 +133,311 @@ pub fn check_scoring(
     check_memory(bytes, device, what)
 }
 
+/// Bytes in a GB, the unit of `[optim] memory_budget_gb` and of the messages here.
+pub const GB: f64 = 1e9;
+
+/// Share of the host's available memory (MemAvailable, read when the update starts)
+/// that a training micro-batch may take when `[optim] memory_budget_gb` is unset. The
+/// rest is headroom for the allocator, the sampler's next step and other processes.
+pub const DEFAULT_BUDGET_SHARE: f64 = 0.7;
+
+/// Measured growth of peak RSS over the formula's bytes, rounded up, plus
+/// [`OVERHEAD_BYTES`]. Measured with `concord bench train` (f32, r = 16, 2 cores; growth
+/// of peak RSS over the RSS with the model loaded; formula before calibration):
+///
+/// | shape | B x T | checkpointing | formula | measured |
+/// |---|---|---|---|---|
+/// | `random:0.5b` | 2 x 256 | off | 2.70 GB | 2.87 GB |
+/// | `random:0.5b` | 2 x 256 | on | 1.23 GB | 1.45 GB |
+/// | `random:tiny` | 8 x 512 | off | 0.34 GB | 0.57 GB |
+/// | `random:tiny` | 8 x 512 | on | 0.25 GB | 0.47 GB |
+///
+/// The constant gap (about 0.2 GB whatever the size) is allocator slack and per-thread
+/// buffers, hence a fixed term; the factor leaves a margin on the rest. The real
+/// Qwen2.5-Coder-0.5B GGUF steps in the README (1 x 4 x 24 and 2 x 8 x 40 tokens on
+/// ~700-token prompts, with and without `share_prompt`) come out 5-15% above their
+/// measured peaks.
+pub const CALIBRATION: f64 = 1.15;
+
+/// Fixed bytes on top of every estimate (see [`CALIBRATION`]).
+pub const OVERHEAD_BYTES: f64 = 0.25e9;
+
+/// The shape of one training forward.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TrainShape {
+    /// `rows` packed sequences of `width` positions each (prompts left-padded,
+    /// completions right-padded), of which `scored` per row go through the LM head.
+    Packed {
+        rows: usize,
+        width: usize,
+        scored: usize,
+    },
+    /// One shared-prompt group: a prompt of `prompt` tokens once and `rows`
+    /// completions of `completion` scored tokens against it.
+    Shared {
+        prompt: usize,
+        rows: usize,
+        completion: usize,
+    },
+}
+
+/// Estimated bytes of one training forward + backward (before [`CALIBRATION`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct MemoryEstimate {
+    /// Alive from the forward until the backward ends (the graph's activations).
+    pub held: f64,
+    /// The largest short-lived working set on top of it.
+    pub transient: f64,
+}
+
+impl MemoryEstimate {
+    /// Predicted peak bytes.
+    pub fn bytes(&self) -> f64 {
+        (self.held + self.transient) * CALIBRATION + OVERHEAD_BYTES
+    }
+
+    /// Two forwards whose graphs are alive together (the groups of one micro-batch):
+    /// held memory adds up, working sets do not.
+    pub fn and(self, other: MemoryEstimate) -> MemoryEstimate {
+        MemoryEstimate {
+            held: self.held + other.held,
+            transient: self.transient.max(other.transient),
+        }
+    }
+}
+
+/// What the training memory of a model depends on besides the batch's shape.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TrainMemory {
+    cfg: Qwen2Config,
+    /// Bytes per element of the model dtype.
+    elem: f64,
+    /// Summed input widths of the LoRA-targeted modules when LoRA dropout is on.
+    dropout_in: f64,
+    logprob_chunk: usize,
+    checkpointing: bool,
+}
+
+/// One forward stream: `tokens` query positions attending to `keys` keys each.
+struct Stream {
+    tokens: f64,
+    keys: f64,
+}
+
+impl TrainMemory {
+    /// The estimator for `model` (its shape, dtype, adapter and log-prob chunk), with
+    /// or without gradient checkpointing.
+    pub fn new(model: &Qwen2, checkpointing: bool) -> Self {
+        Self::from_config(
+            model.config(),
+            model.dtype(),
+            model.lora_config(),
+            model.logprob_chunk,
+            checkpointing,
+        )
+    }
+
+    /// The estimator for a model of shape `cfg` in `dtype` with adapter `lora`, scoring
+    /// `logprob_chunk` positions per LM-head chunk.
+    pub fn from_config(
+        cfg: &Qwen2Config,
+        dtype: DType,
+        lora: Option<&LoraConfig>,
+        logprob_chunk: usize,
+        checkpointing: bool,
+    ) -> Self {
+        let h = cfg.hidden_size as f64;
+        let q = (cfg.num_attention_heads * cfg.head_dim) as f64;
+        let dropout_in = match lora {
+            Some(l) if l.dropout > 0.0 => LORA_TARGETS
+                .iter()
+                .filter(|m| l.targets(m))
+                .map(|m| match *m {
+                    "o_proj" => q,
+                    "down_proj" => cfg.intermediate_size as f64,
+                    _ => h,
+                })
+                .sum(),
+            _ => 0.0,
+        };
+        TrainMemory {
+            cfg: cfg.clone(),
+            elem: bytes_of(dtype),
+            dropout_in,
+            logprob_chunk,
+            checkpointing,
+        }
+    }
+
+    pub fn checkpointing(&self) -> bool {
+        self.checkpointing
+    }
+
+    /// The same estimator with gradient checkpointing switched to `on`.
+    pub fn with_checkpointing(&self, on: bool) -> Self {
+        TrainMemory {
+            checkpointing: on,
+            ..self.clone()
+        }
+    }
+
+    /// Estimated memory of one training forward + backward of `shape`.
+    pub fn estimate(&self, shape: TrainShape) -> MemoryEstimate {
+        let c = &self.cfg;
+        let (s, l) = (self.elem, c.num_hidden_layers as f64);
+        let h = c.hidden_size as f64;
+        let nh = c.num_attention_heads as f64;
+        let q = nh * c.head_dim as f64;
+        let k = (c.num_key_value_heads * c.head_dim) as f64;
+        let i = c.intermediate_size as f64;
+        let (streams, scored, kv_cat) = match shape {
+            TrainShape::Packed {
+                rows,
+                width,
+                scored,
+            } => {
+                let st = Stream {
+                    tokens: (rows * width) as f64,
+                    keys: width as f64,
+                };
+                (vec![st], (rows * scored) as f64, 0.0)
+            }
+            TrainShape::Shared {
+                prompt,
+                rows,
+                completion,
+            } => {
+                let cin = completion.saturating_sub(1) as f64;
+                let (p, g) = (prompt as f64, rows as f64);
+                let mut st = vec![Stream { tokens: p, keys: p }];
+                if cin > 0.0 {
+                    st.push(Stream {
+                        tokens: g * cin,
+                        keys: p + cin,
+                    });
+                }
+                (st, g * completion as f64, 2.0 * g * (p + cin) * k * s)
+            }
+        };
+        let tokens: f64 = streams.iter().map(|st| st.tokens).sum();
+        // One layer's activations, all streams.
+        let layer: f64 = streams
+            .iter()
+            .map(|st| {
+                st.tokens * ((6.0 * h + 5.0 * q + 5.0 * k + 3.0 * i) * s + 4.0 * self.dropout_in)
+                    + 2.0 * st.tokens * st.keys * nh * s
+            })
+            .sum::<f64>()
+            + kv_cat;
+        let masks: f64 = streams.iter().map(|st| 4.0 * st.tokens * st.keys).sum();
+        let layers = if self.checkpointing {
+            (l + 1.0) * tokens * h * s + layer
+        } else {
+            l * layer
+        };
+        let vocab = c.vocab_size as f64;
+        let probs = scored * vocab * 4.0;
+        let head = tokens * h * s
+            + 2.0 * scored * h * s
+            + if probs <= super::ops::PROB_CACHE_BYTES as f64 {
+                probs
+            } else {
+                0.0
+            };
+        let attn = streams
+            .iter()
+            .map(|st| 16.0 * st.tokens * st.keys * nh)
+            .fold(0.0, f64::max);
+        let mlp = streams
+            .iter()
+            .map(|st| 20.0 * st.tokens * i)
+            .fold(0.0, f64::max);
+        let chunk = 12.0 * (self.logprob_chunk as f64).min(scored) * vocab;
+        MemoryEstimate {
+            held: layers + masks + head,
+            transient: attn.max(mlp).max(chunk) + 16.0 * tokens * h + 8.0 * scored * h,
+        }
+    }
+}
+
+/// The memory a training micro-batch may take.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct MemoryBudget {
+    /// Bytes; infinite when unknown (no split).
+    pub bytes: f64,
+    pub source: BudgetSource,
+}
+
+/// Where a [`MemoryBudget`] came from (for messages).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum BudgetSource {
+    /// Set by `[optim] memory_budget_gb`.
+    Configured,
+    /// [`DEFAULT_BUDGET_SHARE`] of this many bytes available on the host.
+    Available(f64),
+    /// Not set and not known (a GPU, or no `/proc/meminfo`): no limit.
+    Unknown,
+}
+
+impl Default for MemoryBudget {
+    fn default() -> Self {
+        MemoryBudget {
+            bytes: f64::INFINITY,
+            source: BudgetSource::Unknown,
+        }
+    }
+}
+
+impl MemoryBudget {
+    /// `configured_gb` when set; else on the CPU [`DEFAULT_BUDGET_SHARE`] of the memory
+    /// available now; else (other devices, whose free memory is not read) no limit.
+    pub fn resolve(configured_gb: Option<f64>, device: &Device) -> Self {
+        if let Some(g) = configured_gb {
+            return MemoryBudget {
+                bytes: g * GB,
+                source: BudgetSource::Configured,
+            };
+        }
+        match available_memory() {
+            Some(avail) if device.is_cpu() => MemoryBudget {
+                bytes: avail * DEFAULT_BUDGET_SHARE,
+                source: BudgetSource::Available(avail),
+            },
+            _ => MemoryBudget::default(),
+        }
+    }
+
+    /// Whether an estimate of `bytes` fits.
+    pub fn fits(&self, bytes: f64) -> bool {
+        bytes <= self.bytes
+    }
+
+    /// "2.00 GB ([optim] memory_budget_gb)", "14.00 GB (70% of 20.00 GB available)".
+    pub fn describe(&self) -> String {
+        match self.source {
+            BudgetSource::Configured => format!("{} ([optim] memory_budget_gb)", gb(self.bytes)),
+            BudgetSource::Available(a) => format!(
+                "{} ({:.0}% of {} available)",
+                gb(self.bytes),
+                DEFAULT_BUDGET_SHARE * 100.0,
+                gb(a)
+            ),
+            BudgetSource::Unknown => {
+                "unlimited (memory not known: set [optim] memory_budget_gb)".into()
+            }
+        }
+    }
+}
+
+/// A number of bytes in GB (MB below 1 GB), for messages.
+pub fn gb(bytes: f64) -> String {
+    if bytes >= GB {
+        format!("{:.2} GB", bytes / GB)
+    } else {
+        format!("{:.0} MB", bytes / 1e6)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -109,5 +454,76 @@ mod tests {
         let e = check_memory(1e30, &Device::Cpu, "sampling").unwrap_err();
         assert!(e.to_string().contains("sampling needs about"), "{e}");
         assert!(check_sampling(&c, &Device::Cpu, DType::F32, 4, 10, 10, "x").is_ok());
+    }
+
+    fn qwen05(checkpointing: bool) -> TrainMemory {
+        let c = Qwen2Config::qwen25_05b();
+        let chunk = super::super::qwen2::default_logprob_chunk(c.vocab_size);
+        TrainMemory::from_config(
+            &c,
+            DType::F32,
+            Some(&LoraConfig::default()),
+            chunk,
+            checkpointing,
+        )
+    }
+
+    #[test]
+    fn estimates_follow_the_shapes() {
+        let m = qwen05(false);
+        let packed = |rows, width, scored| {
+            m.estimate(TrainShape::Packed {
+                rows,
+                width,
+                scored,
+            })
+            .bytes()
+        };
+        // The workload: 16 rows of ~740 tokens (40 scored) in one micro-batch
+        // was OOM-killed at 24 GB; one row alone is about 3 GB.
+        let all = packed(16, 740, 40);
+        let one = packed(1, 740, 40);
+        assert!(all > 24.0 * GB, "{}", gb(all));
+        assert!(one > 2.0 * GB && one < 5.0 * GB, "{}", gb(one));
+        assert!(packed(2, 740, 40) > one && packed(1, 800, 40) > one);
+        // Checkpointing keeps one layer: several times less at this length.
+        let ck = qwen05(true).estimate(TrainShape::Packed {
+            rows: 16,
+            width: 740,
+            scored: 40,
+        });
+        assert!(ck.bytes() * 5.0 < all, "{} vs {}", gb(ck.bytes()), gb(all));
+        // A shared 700-token prompt with 8 x 40 completions against 8 packed rows.
+        let shared = m
+            .estimate(TrainShape::Shared {
+                prompt: 700,
+                rows: 8,
+                completion: 40,
+            })
+            .bytes();
+        assert!(shared * 3.0 < packed(8, 740, 40));
+        // Groups of one micro-batch: held memory adds, working sets do not.
+        let e = m.estimate(TrainShape::Shared {
+            prompt: 700,
+            rows: 8,
+            completion: 40,
+        });
+        let both = e.and(e);
+        assert_eq!(both.held, 2.0 * e.held);
+        assert_eq!(both.transient, e.transient);
+    }
+
+    #[test]
+    fn budgets_resolve_and_describe() {
+        let b = MemoryBudget::resolve(Some(2.5), &Device::Cpu);
+        assert_eq!(b.bytes, 2.5 * GB);
+        assert_eq!(b.describe(), "2.50 GB ([optim] memory_budget_gb)");
+        assert!(b.fits(2.5 * GB) && !b.fits(2.6 * GB));
+        let auto = MemoryBudget::resolve(None, &Device::Cpu);
+        if let BudgetSource::Available(a) = auto.source {
+            assert_eq!(auto.bytes, a * DEFAULT_BUDGET_SHARE);
+            assert!(auto.describe().contains("70% of"), "{}", auto.describe());
+        }
+        assert!(MemoryBudget::default().fits(1e30));
     }
 }

@@ -3,6 +3,7 @@
 //! environment, a trainer, the sampler or the run configuration.
 //!
 //! - [`qwen2`], [`lora`], [`ops`], [`skinny`]: the network and its custom ops;
+//!   [`recompute`]: activation checkpointing for its training forward;
 //! - [`load`]: the one way to get a model ([`load::load_model`] over a [`load::ModelSpec`]);
 //!   [`checkpoint`] reads safetensors checkpoints (local or Hub) and [`gguf`] llama.cpp /
 //!   Ollama `.gguf` files for it;
@@ -10,7 +11,8 @@
 //! - [`generation`]: the generation_config.json schema;
 //! - [`tiny`], [`adapter`]: deterministic random checkpoints and adapters (tests, parity);
 //! - [`score`]: log-probabilities of a completion (`concord score`);
-//! - [`budget`]: positions and memory checked before a sampling or scoring call allocates.
+//! - [`budget`]: positions and memory checked before a sampling, scoring or training call
+//!   allocates (the training-memory estimate behind `[optim] memory_budget_gb`).
 pub mod adapter;
 pub mod budget;
 pub mod checkpoint;
@@ -20,6 +22,7 @@ pub mod load;
 pub mod lora;
 pub mod ops;
 pub mod qwen2;
+pub mod recompute;
 pub mod score;
 pub mod skinny;
 pub mod tiny;

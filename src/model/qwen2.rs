@@ -13,6 +13,11 @@
 //! let grads = loss(lp.logprobs).backward()?; // holds only LoRA vars
 //! // One GRPO group: its prompt [1, P] once, the G completions [G, C] against its K/V.
 //! let (h_prompt, h_comp) = model.forward_shared_prefix(&prompt, &comps, Some(&cmask), mode)?;
+//! // Activation checkpointing: keep only layer inputs, recompute them in the backward.
+//! let ck = Checkpoints::new();
+//! let hidden = model.forward_checkpointed(&ids, Some(&mask), mode, &ck)?;
+//! let mut grads = loss(model.token_logprobs(&hidden, &targets, 1.0, false)?).backward()?;
+//! ck.backward(&model, &mut grads)?; // adds every LoRA gradient to `grads`
 //! // Reference policy: the same model with the adapter off, no graph.
 //! model.set_adapter_enabled(false);
 //! let ref_hidden = model.forward(&ids, Some(&mask), Mode::Detached)?;
@@ -26,6 +31,8 @@
 //! ```
 use super::lora::{self, LoraConfig, LoraLinear, LoraRun, LORA_TARGETS};
 use super::ops;
+pub use super::recompute::Checkpoints;
+use super::recompute::Segment;
 use anyhow::{anyhow, bail, Context, Result};
 use candle_core::{DType, Device, Tensor, Var};
 use rand::{Rng, SeedableRng};
@@ -238,6 +245,26 @@ pub struct Qwen2 {
     dtype: DType,
     /// Positions per chunk in the log-prob head (memory: chunk x vocab f32).
     pub logprob_chunk: usize,
+}
+
+/// What every decoder layer of one stream needs besides its input: RoPE tables
+/// `[B, T, head_dim/2]` and the additive mask `[B, 1, 1, T, Tk]`.
+pub(super) struct StreamCtx {
+    cos: Tensor,
+    sin: Tensor,
+    mask: Tensor,
+}
+
+/// The streams one training forward runs through the decoder layers.
+pub(super) enum Stack {
+    /// Packed rows ([`Qwen2::forward`]).
+    Packed(StreamCtx),
+    /// A shared prompt and its completions, which attend to the prompt's keys/values
+    /// ([`Qwen2::forward_shared_prefix`]).
+    Shared {
+        prompt: StreamCtx,
+        completions: StreamCtx,
+    },
 }
 
 /// Additive mask value for disallowed keys (like transformers' `finfo.min`).
@@ -735,6 +762,30 @@ impl Qwen2 {
         attention_mask: Option<&[u8]>,
         mode: Mode,
     ) -> Result<Tensor> {
+        self.forward_with(input_ids, attention_mask, mode, None)
+    }
+
+    /// [`Self::forward`] with activation checkpointing: only each decoder layer's input
+    /// is kept, and the returned hidden states hang off a fresh variable whose gradient
+    /// [`Checkpoints::backward`] (which this forward is recorded in) carries back
+    /// through the layers. Same values as [`Self::forward`].
+    pub fn forward_checkpointed(
+        &self,
+        input_ids: &Tensor,
+        attention_mask: Option<&[u8]>,
+        mode: Mode,
+        checkpoints: &Checkpoints,
+    ) -> Result<Tensor> {
+        self.forward_with(input_ids, attention_mask, mode, Some(checkpoints))
+    }
+
+    fn forward_with(
+        &self,
+        input_ids: &Tensor,
+        attention_mask: Option<&[u8]>,
+        mode: Mode,
+        checkpoints: Option<&Checkpoints>,
+    ) -> Result<Tensor> {
         let (b, t) = input_ids.dims2()?;
         let ones;
         let mask = match attention_mask {
@@ -772,10 +823,12 @@ impl Qwen2 {
                 }
             }
         }
-        let mask_t = Tensor::from_vec(add, (b, 1, 1, t, t), &self.device)?;
+        let mask = Tensor::from_vec(add, (b, 1, 1, t, t), &self.device)?;
         let (cos, sin) = self.rope_tables(b, t, &positions)?;
+        let stack = Stack::Packed(StreamCtx { cos, sin, mask });
         let x = self.embed(input_ids)?;
-        self.run_layers(x, &cos, &sin, &mask_t, None, mode)
+        let [h] = self.run_stack(stack, [x], mode, checkpoints)?;
+        Ok(h)
     }
 
     /// Training forward for one GRPO group: `G` completions of one shared prompt.
@@ -801,6 +854,36 @@ impl Qwen2 {
         completion_ids: &Tensor,
         completion_mask: Option<&[u8]>,
         mode: Mode,
+    ) -> Result<(Tensor, Tensor)> {
+        self.forward_shared_prefix_with(prompt_ids, completion_ids, completion_mask, mode, None)
+    }
+
+    /// [`Self::forward_shared_prefix`] with activation checkpointing, as
+    /// [`Self::forward_checkpointed`].
+    pub fn forward_shared_prefix_checkpointed(
+        &self,
+        prompt_ids: &Tensor,
+        completion_ids: &Tensor,
+        completion_mask: Option<&[u8]>,
+        mode: Mode,
+        checkpoints: &Checkpoints,
+    ) -> Result<(Tensor, Tensor)> {
+        self.forward_shared_prefix_with(
+            prompt_ids,
+            completion_ids,
+            completion_mask,
+            mode,
+            Some(checkpoints),
+        )
+    }
+
+    fn forward_shared_prefix_with(
+        &self,
+        prompt_ids: &Tensor,
+        completion_ids: &Tensor,
+        completion_mask: Option<&[u8]>,
+        mode: Mode,
+        checkpoints: Option<&Checkpoints>,
     ) -> Result<(Tensor, Tensor)> {
         let (one, p) = prompt_ids.dims2()?;
         let (g, c) = completion_ids.dims2()?;
@@ -853,28 +936,122 @@ impl Qwen2 {
         }
         let cmask = Tensor::from_vec(cadd, (g, 1, 1, c, tk), &self.device)?;
         let (ccos, csin) = self.rope_tables(g, c, &cpos)?;
-        // The completion stream draws its own dropout masks.
-        let cmode = match mode {
-            Mode::Train { dropout_seed } => Mode::Train {
-                dropout_seed: dropout_seed ^ 0xC0DE_5EED_0000_0001,
+        let stack = Stack::Shared {
+            prompt: StreamCtx {
+                cos: pcos,
+                sin: psin,
+                mask: pmask,
             },
-            m => m,
+            completions: StreamCtx {
+                cos: ccos,
+                sin: csin,
+                mask: cmask,
+            },
         };
-        let mut xp = self.embed(prompt_ids)?;
-        let mut xc = self.embed(completion_ids)?;
-        for li in 0..self.layers.len() {
-            let (qp, kp, vp) = self.layer_qkv(li, &xp, &pcos, &psin, mode)?;
-            let (qc, kc, vc) = self.layer_qkv(li, &xc, &ccos, &csin, cmode)?;
-            let kall = ops::prefix_cat(&kp, &kc, 2)?;
-            let vall = ops::prefix_cat(&vp, &vc, 2)?;
-            xc = self.layer_rest(li, &xc, &qc, &kall, &vall, &cmask, cmode)?;
-            xp = self.layer_rest(li, &xp, &qp, &kp, &vp, &pmask, mode)?;
-        }
+        let xs = [self.embed(prompt_ids)?, self.embed(completion_ids)?];
+        let [hp, hc] = self.run_stack(stack, xs, mode, checkpoints)?;
+        Ok((hp, hc))
+    }
+
+    /// Decoder layer `li` of `stack` on its streams' inputs `xs` (one per stream).
+    pub(super) fn stack_layer<const N: usize>(
+        &self,
+        li: usize,
+        stack: &Stack,
+        xs: &[Tensor; N],
+        mode: Mode,
+    ) -> Result<[Tensor; N]> {
+        let out = match stack {
+            Stack::Packed(c) => {
+                let x = &xs[0];
+                let (q, k, v) = self.layer_qkv(li, x, &c.cos, &c.sin, mode)?;
+                vec![self.layer_rest(li, x, &q, &k, &v, &c.mask, mode)?]
+            }
+            Stack::Shared {
+                prompt: pc,
+                completions: cc,
+            } => {
+                let (xp, xc) = (&xs[0], &xs[N - 1]);
+                // The completion stream draws its own dropout masks.
+                let cmode = match mode {
+                    Mode::Train { dropout_seed } => Mode::Train {
+                        dropout_seed: dropout_seed ^ 0xC0DE_5EED_0000_0001,
+                    },
+                    m => m,
+                };
+                let (qp, kp, vp) = self.layer_qkv(li, xp, &pc.cos, &pc.sin, mode)?;
+                let (qc, kc, vc) = self.layer_qkv(li, xc, &cc.cos, &cc.sin, cmode)?;
+                let kall = ops::prefix_cat(&kp, &kc, 2)?;
+                let vall = ops::prefix_cat(&vp, &vc, 2)?;
+                let xc = self.layer_rest(li, xc, &qc, &kall, &vall, &cc.mask, cmode)?;
+                let xp = self.layer_rest(li, xp, &qp, &kp, &vp, &pc.mask, mode)?;
+                vec![xp, xc]
+            }
+        };
+        out.try_into()
+            .map_err(|v: Vec<Tensor>| anyhow!("{} streams, expected {N}", v.len()))
+    }
+
+    /// Every decoder layer of `stack` on the embeddings `xs`, then the final norm. With
+    /// `checkpoints`, each layer runs on a detached copy of its input (its graph freed
+    /// as soon as it returns), the inputs are kept, and the last layer's outputs become
+    /// variables the head's backward reaches; the forward is recorded for
+    /// [`Checkpoints::backward`].
+    fn run_stack<const N: usize>(
+        &self,
+        stack: Stack,
+        mut xs: [Tensor; N],
+        mode: Mode,
+        checkpoints: Option<&Checkpoints>,
+    ) -> Result<[Tensor; N]> {
         let eps = self.cfg.rms_norm_eps;
-        Ok((
-            ops::rms_norm(&xp, &self.norm, eps)?,
-            ops::rms_norm(&xc, &self.norm, eps)?,
-        ))
+        let Some(ck) = checkpoints else {
+            for li in 0..self.layers.len() {
+                xs = self.stack_layer(li, &stack, &xs, mode)?;
+            }
+            let out: Vec<Tensor> = xs
+                .iter()
+                .map(|x| ops::rms_norm(x, &self.norm, eps))
+                .collect::<candle_core::Result<_>>()?;
+            return out
+                .try_into()
+                .map_err(|v: Vec<Tensor>| anyhow!("{} streams, expected {N}", v.len()));
+        };
+        let mut inputs = Vec::with_capacity(self.layers.len());
+        for li in 0..self.layers.len() {
+            let ys = self.stack_layer(li, &stack, &xs, mode)?;
+            inputs.push(std::mem::replace(&mut xs, ys.map(|y| y.detach())).to_vec());
+        }
+        let outputs = xs
+            .iter()
+            .map(Var::from_tensor)
+            .collect::<candle_core::Result<Vec<_>>>()?;
+        let out: Vec<Tensor> = outputs
+            .iter()
+            .map(|v| ops::rms_norm(v.as_tensor(), &self.norm, eps))
+            .collect::<candle_core::Result<_>>()?;
+        ck.push(Segment {
+            stack,
+            mode,
+            inputs,
+            outputs,
+        });
+        out.try_into()
+            .map_err(|v: Vec<Tensor>| anyhow!("{} streams, expected {N}", v.len()))
+    }
+
+    /// The LoRA variables of layer `li`.
+    pub(super) fn layer_lora_vars(&self, li: usize) -> Vec<&Var> {
+        self.layers[li]
+            .lin
+            .iter()
+            .filter_map(|l| l.lora.as_ref())
+            .flat_map(|l| [&l.a, &l.b])
+            .collect()
+    }
+
+    pub(super) fn num_layers(&self) -> usize {
+        self.layers.len()
     }
 
     /// A fresh cache for `batch` rows and up to `max_len` columns (prompt + new tokens).

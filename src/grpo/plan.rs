@@ -1,0 +1,256 @@
+//! Micro-batch planning: which rows of a batch go through one forward + backward.
+//!
+//! Rows are cut into micro-batches of at most `[optim] micro_batch` rows (0: no cap)
+//! whose estimated training memory ([`TrainMemory`]) fits the budget
+//! ([`MemoryBudget`], `[optim] memory_budget_gb`). With `share_prompt`, micro-batches
+//! hold whole prompt groups when they fit; a group too big for the cap or the budget is
+//! cut into sub-groups, each of which runs the prompt again. The loss is normalised over
+//! the whole batch ([`super::loss::LossScale`]), so any plan gives the same update up to
+//! float rounding (LoRA dropout masks aside: they are drawn per micro-batch and group).
+//! A row that does not fit alone is an error that names the numbers, raised before
+//! anything is allocated.
+use super::pack::Rollout;
+use crate::model::budget::{gb, MemoryBudget, MemoryEstimate, TrainMemory, TrainShape};
+use anyhow::Result;
+use std::collections::HashMap;
+use std::ops::Range;
+
+/// One micro-batch: rollout indices, and with prompt sharing each group's row range in
+/// it (every range's rows share one prompt).
+#[derive(Debug, Clone, PartialEq)]
+pub struct MicroBatch {
+    pub rows: Vec<usize>,
+    pub groups: Option<Vec<Range<usize>>>,
+    /// Estimated peak bytes of its forward + backward.
+    pub bytes: f64,
+}
+
+/// The micro-batches of one update, with what the log line reports.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Plan {
+    pub micro_batches: Vec<MicroBatch>,
+    /// The budget the plan was cut to (bytes; infinite when unknown).
+    pub budget: MemoryBudget,
+}
+
+impl Plan {
+    /// Rows in the largest micro-batch.
+    pub fn max_rows(&self) -> usize {
+        self.micro_batches
+            .iter()
+            .map(|m| m.rows.len())
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// The largest micro-batch's estimate, in bytes.
+    pub fn max_bytes(&self) -> f64 {
+        self.micro_batches
+            .iter()
+            .map(|m| m.bytes)
+            .fold(0.0, f64::max)
+    }
+
+    /// Estimated bytes per row: the largest micro-batch's estimate over its rows.
+    pub fn bytes_per_row(&self) -> f64 {
+        self.micro_batches
+            .iter()
+            .filter(|m| !m.rows.is_empty())
+            .map(|m| m.bytes / m.rows.len() as f64)
+            .fold(0.0, f64::max)
+    }
+
+    /// "memory: estimate X GB per row, budget Y GB (...) -> N micro-batches of up to
+    /// M rows (largest Z GB)".
+    pub fn summary(&self) -> String {
+        format!(
+            "memory: estimate {} per row, budget {} -> {} micro-batch{} of up to {} rows \
+             (largest {})",
+            gb(self.bytes_per_row()),
+            self.budget.describe(),
+            self.micro_batches.len(),
+            if self.micro_batches.len() == 1 {
+                ""
+            } else {
+                "es"
+            },
+            self.max_rows(),
+            gb(self.max_bytes()),
+        )
+    }
+}
+
+/// The packed shape of `rows` (prompts left-padded, completions right-padded).
+fn packed_shape(rollouts: &[Rollout], rows: &[usize]) -> TrainShape {
+    let p = rows
+        .iter()
+        .map(|&i| rollouts[i].prompt_ids.len())
+        .max()
+        .unwrap_or(0);
+    let c = rows
+        .iter()
+        .map(|&i| rollouts[i].completion_ids.len())
+        .max()
+        .unwrap_or(0);
+    TrainShape::Packed {
+        rows: rows.len(),
+        width: p + c,
+        scored: c,
+    }
+}
+
+/// The shared-prompt shape of `rows` (one group: all share one prompt).
+fn shared_shape(rollouts: &[Rollout], rows: &[usize]) -> TrainShape {
+    TrainShape::Shared {
+        prompt: rows.first().map_or(0, |&i| rollouts[i].prompt_ids.len()),
+        rows: rows.len(),
+        completion: rows
+            .iter()
+            .map(|&i| rollouts[i].completion_ids.len())
+            .max()
+            .unwrap_or(0),
+    }
+}
+
+/// The error for a row that does not fit the budget alone.
+fn too_big(
+    row: &Rollout,
+    shape: TrainShape,
+    mem: &TrainMemory,
+    budget: &MemoryBudget,
+) -> anyhow::Error {
+    let need = mem.estimate(shape).bytes();
+    let advice = if mem.checkpointing() {
+        String::new()
+    } else {
+        format!(
+            "set [optim] gradient_checkpointing = true (about {} per sequence), ",
+            gb(mem.with_checkpointing(true).estimate(shape).bytes())
+        )
+    };
+    anyhow::anyhow!(
+        "memory: one sequence ({} prompt + {} completion tokens) needs about {} to train, \
+         over the budget of {}; {advice}raise [optim] memory_budget_gb if the machine has \
+         the memory, or lower grpo.max_completion_length",
+        row.prompt_ids.len(),
+        row.completion_ids.len(),
+        gb(need),
+        budget.describe()
+    )
+}
+
+/// Cut the `active` rows of `rollouts` into micro-batches: at most `micro` rows each
+/// (0: no cap), each estimated to fit `budget`; with `share_prompt`, by prompt group.
+pub fn plan(
+    rollouts: &[Rollout],
+    active: &[usize],
+    micro: usize,
+    share_prompt: bool,
+    mem: &TrainMemory,
+    budget: &MemoryBudget,
+) -> Result<Plan> {
+    let cap = if micro == 0 { usize::MAX } else { micro };
+    let fits = |e: MemoryEstimate| budget.fits(e.bytes());
+    let mut out: Vec<MicroBatch> = Vec::new();
+    if !share_prompt {
+        let mut cur: Vec<usize> = Vec::new();
+        for &i in active {
+            let mut next = cur.clone();
+            next.push(i);
+            if !cur.is_empty()
+                && (cur.len() == cap || !fits(mem.estimate(packed_shape(rollouts, &next))))
+            {
+                let bytes = mem.estimate(packed_shape(rollouts, &cur)).bytes();
+                out.push(MicroBatch {
+                    rows: std::mem::take(&mut cur),
+                    groups: None,
+                    bytes,
+                });
+            }
+            let one = packed_shape(rollouts, &[i]);
+            if cur.is_empty() && !fits(mem.estimate(one)) {
+                return Err(too_big(&rollouts[i], one, mem, budget));
+            }
+            cur.push(i);
+        }
+        if !cur.is_empty() {
+            let bytes = mem.estimate(packed_shape(rollouts, &cur)).bytes();
+            out.push(MicroBatch {
+                rows: cur,
+                groups: None,
+                bytes,
+            });
+        }
+        return Ok(Plan {
+            micro_batches: out,
+            budget: *budget,
+        });
+    }
+    // Sub-groups (rows sharing one prompt) small enough for the cap and the budget.
+    let mut chunks: Vec<Vec<usize>> = Vec::new();
+    for grp in prompt_groups(rollouts, active) {
+        let mut cur: Vec<usize> = Vec::new();
+        for i in grp {
+            let mut next = cur.clone();
+            next.push(i);
+            if !cur.is_empty()
+                && (cur.len() == cap || !fits(mem.estimate(shared_shape(rollouts, &next))))
+            {
+                chunks.push(std::mem::take(&mut cur));
+            }
+            let one = shared_shape(rollouts, &[i]);
+            if cur.is_empty() && !fits(mem.estimate(one)) {
+                return Err(too_big(&rollouts[i], one, mem, budget));
+            }
+            cur.push(i);
+        }
+        if !cur.is_empty() {
+            chunks.push(cur);
+        }
+    }
+    // Whole sub-groups per micro-batch while the cap and the budget allow.
+    let mut est = MemoryEstimate::default();
+    for chunk in chunks {
+        let e = mem.estimate(shared_shape(rollouts, &chunk));
+        let joins = out
+            .last()
+            .is_some_and(|m| m.rows.len() + chunk.len() <= cap && fits(est.and(e)));
+        if !joins {
+            est = MemoryEstimate::default();
+            out.push(MicroBatch {
+                rows: Vec::new(),
+                groups: Some(Vec::new()),
+                bytes: 0.0,
+            });
+        }
+        est = est.and(e);
+        let m = out.last_mut().expect("pushed above");
+        let start = m.rows.len();
+        m.groups
+            .get_or_insert_with(Vec::new)
+            .push(start..start + chunk.len());
+        m.rows.extend(chunk);
+        m.bytes = est.bytes();
+    }
+    Ok(Plan {
+        micro_batches: out,
+        budget: *budget,
+    })
+}
+
+/// The `active` rows grouped by (group, prompt), groups in order of first appearance.
+pub fn prompt_groups(rollouts: &[Rollout], active: &[usize]) -> Vec<Vec<usize>> {
+    let mut order: Vec<Vec<usize>> = Vec::new();
+    let mut key: HashMap<(usize, &[u32]), usize> = HashMap::new();
+    for &i in active {
+        let r = &rollouts[i];
+        let k = *key
+            .entry((r.group, r.prompt_ids.as_slice()))
+            .or_insert_with(|| {
+                order.push(Vec::new());
+                order.len() - 1
+            });
+        order[k].push(i);
+    }
+    order
+}
