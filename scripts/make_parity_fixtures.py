@@ -22,6 +22,11 @@ It then cross-checks Concord itself: `concord score` against transformers on the
 inputs, and an adapter saved by Concord (`concord model init-adapter`) loaded in peft
 gives equal log-probs. Those checks print their max deltas and fail loudly; skip them with
 --skip-concord-checks (e.g. before the model forward is built).
+
+`--sft-only` runs just the SFT check (the fixture JSONs must exist): `concord sft` trains
+an adapter on the first model's cases (jsonl source, a few steps), peft loads it, and its
+log-probs must equal `concord score --adapter`'s. It writes MODEL_sft_adapter/ and
+MODEL_sft.json (peft's log-probs), which tests/parity.rs checks Concord against.
 """
 import argparse
 import json
@@ -301,17 +306,85 @@ def concord_checks(concord, entry, mdir, work):
     return worst
 
 
+def sft_adapter_check(concord, entry, mdir, work):
+    """An adapter trained by `concord sft` loads in peft with equal log-probs."""
+    name = entry["name"]
+    with open(os.path.join(FIX, f"{name}.json")) as f:
+        fixture = json.load(f)
+    data = os.path.join(work, f"{name}_sft.jsonl")
+    with open(data, "w") as f:
+        for case in fixture["cases"]:
+            f.write(json.dumps({"messages": case["messages"],
+                                "completion": case["completion"]}, ensure_ascii=False) + "\n")
+    lora = entry["lora"]
+    cfg = os.path.join(work, f"{name}_sft.toml")
+    with open(cfg, "w") as f:
+        f.write(f"""[run]
+name = "{name}_sft"
+output_dir = "{work}"
+save_every = 0
+[model]
+name = "{mdir}"
+[lora]
+r = {lora["r"]}
+alpha = {lora["alpha"]}
+dropout = 0.0
+targets = {json.dumps(lora["targets"])}
+use_rslora = {"true" if lora["rslora"] else "false"}
+[sft]
+source = "jsonl"
+path = "{data}"
+steps = 5
+batch_size = 2
+learning_rate = 1e-2
+""")
+    run([concord, "sft", "--config", cfg])
+    trained = os.path.join(work, f"{name}_sft")
+    adir = os.path.join(FIX, f"{name}_sft_adapter")
+    shutil.rmtree(adir, ignore_errors=True)
+    os.makedirs(adir)
+    for fn in ["adapter_model.safetensors", "adapter_config.json"]:
+        shutil.copy(os.path.join(trained, fn), adir)
+    base = AutoModelForCausalLM.from_pretrained(mdir, dtype=torch.float32)
+    pm = PeftModel.from_pretrained(base, adir)
+    pm.eval()
+    out_cases, worst = [], 0.0
+    for i, case in enumerate(fixture["cases"]):
+        mfile = os.path.join(work, f"{name}_sft_{i}.json")
+        with open(mfile, "w") as f:
+            json.dump(case["messages"], f, ensure_ascii=False)
+        ours = json.loads(run([concord, "score", "--model", mdir, "--adapter", adir,
+                               "--messages", mfile, "--completion", case["completion"]]))
+        ref = logprobs(pm, case["prompt_ids"], case["completion_ids"])
+        worst = max(worst, max(abs(a - b) for a, b in zip(ours["logprobs"], ref)))
+        out_cases.append(dict(prompt_ids=case["prompt_ids"],
+                              completion_ids=case["completion_ids"], logprobs_peft=ref))
+    with open(os.path.join(FIX, f"{name}_sft.json"), "w") as f:
+        json.dump(dict(peft=peft.__version__, max_abs_delta=worst, cases=out_cases), f)
+    print(f"{name}: concord sft adapter in peft, max |dlogprob| {worst}", file=sys.stderr)
+    assert worst <= 1e-3, f"{name}: sft adapter max |dlogprob| {worst} > 1e-3"
+    return worst
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--concord", default=os.path.join(ROOT, "target", "release", "concord"))
     ap.add_argument("--skip-concord-checks", action="store_true")
     ap.add_argument("--keep", help="keep the tiny models in this directory")
+    ap.add_argument("--sft-only", action="store_true",
+                    help="only the `concord sft` adapter check on the first model")
     args = ap.parse_args()
     torch.set_num_threads(max(1, os.cpu_count() or 1))
     os.makedirs(FIX, exist_ok=True)
     work = args.keep or tempfile.mkdtemp(prefix="concord-parity-")
     os.makedirs(work, exist_ok=True)
     try:
+        if args.sft_only:
+            entry = MODELS[0]
+            mdir = os.path.join(work, entry["name"])
+            init_tiny(args.concord, entry["spec"], mdir)
+            sft_adapter_check(args.concord, entry, mdir, work)
+            return
         dirs = {}
         for entry in MODELS:
             dirs[entry["name"]], _ = make_model_fixture(args.concord, entry, work)

@@ -30,7 +30,8 @@ pub struct EvalOptions {
     pub adapter: Option<PathBuf>,
     /// Evaluate the base model without any adapter.
     pub base: bool,
-    /// Evaluate base and adapter on the same seeds.
+    /// Evaluate the run's start (the base model, or the adapter it started from:
+    /// `model.adapter` or its `[sft] warm_start`) and its adapter on the same seeds.
     pub compare: bool,
     /// Episodes per environment.
     pub episodes: usize,
@@ -268,9 +269,15 @@ pub fn run_eval(args: EvalOptions) -> Result<()> {
     let envs = eval_envs(&cfg)?;
     let (mut model, renderer, _) = load_model(&cfg)?;
     let params = sampling(&cfg, args.greedy, renderer.stop_ids())?;
+    // A run that started from an adapter (`model.adapter`, or an `[sft] warm_start`)
+    // is compared with that start: the `base` entry is then the start adapter, so the
+    // delta is what the run itself added.
+    let start = cfg.start_adapter();
     let mut labels: Vec<(&str, Option<&Path>)> = Vec::new();
-    if args.base || args.compare {
+    if args.base {
         labels.push(("base", None));
+    } else if args.compare {
+        labels.push(("base", start.as_deref()));
     }
     if let Some(a) = &adapter {
         labels.push(("adapter", Some(a.as_path())));
@@ -334,6 +341,15 @@ pub fn run_eval(args: EvalOptions) -> Result<()> {
 /// One row of the table: the value (and its interval, if any) of an environment's result.
 type Metric = Box<dyn Fn(&EnvEval) -> (f64, Option<[f64; 2]>)>;
 
+/// The column name of a model: `base`, or `start (DIR)` when the `base` entry is the
+/// adapter the run started from.
+fn display_label(r: &EvalReport, label: &str) -> String {
+    match r.models.get(label).and_then(|m| m.adapter.as_ref()) {
+        Some(dir) if label == "base" => format!("start ({dir})"),
+        _ => label.to_string(),
+    }
+}
+
 fn fmt_ci(v: f64, ci: [f64; 2]) -> String {
     format!("{v:.3} [{:.3}, {:.3}]", ci[0], ci[1])
 }
@@ -359,7 +375,7 @@ pub fn table(r: &EvalReport) -> String {
             if r.greedy { "greedy" } else { "sampled" }
         ));
         for l in &labels {
-            s.push_str(&format!(" {l} |"));
+            s.push_str(&format!(" {} |", display_label(r, l)));
         }
         if both {
             s.push_str(" delta |");

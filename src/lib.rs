@@ -4,8 +4,8 @@
 //! [`model`] (Qwen2 + LoRA, loading, tokenizer) and [`envs`] (the multi-agent
 //! environments and the episode driver) → [`task`] (prompts and rewards) → [`sample`]
 //! (group sampling with a shared KV cache) → [`grpo`] (advantages, loss, optimiser, the
-//! training loop) → [`run`] (the run directory). [`curriculum`], [`eval`], [`plot`] and
-//! [`hub`] build on those; [`cli`] holds every command-line type. [`chat`], [`rng`],
+//! training loop) → [`run`] (the run directory). [`sft`] (supervised fine-tuning and the
+//! warm start before GRPO), [`curriculum`], [`eval`], [`plot`] and [`hub`] build on those; [`cli`] holds every command-line type. [`chat`], [`rng`],
 //! [`atomic`] and [`sys`] are leaves.
 pub mod atomic;
 pub mod chat;
@@ -21,5 +21,6 @@ pub mod plot;
 pub mod rng;
 pub mod run;
 pub mod sample;
+pub mod sft;
 pub mod sys;
 pub mod task;

@@ -638,8 +638,14 @@ fn draw_before_after(
     name: &str,
 ) -> Result<()> {
     let mode = if report.greedy { "greedy" } else { "sampled" };
+    // A run that started from an adapter is compared with that start.
+    let before = if base.adapter.is_some() {
+        "start"
+    } else {
+        "base"
+    };
     let title = format!(
-        "{name}: base vs adapter ({} episodes per env, {mode}; whiskers: 95% CI)",
+        "{name}: {before} vs adapter ({} episodes per env, {mode}; whiskers: 95% CI)",
         report.episodes
     );
     let body = root.titled(&title, font(24.0)).map_err(plot_err)?;
@@ -647,7 +653,7 @@ fn draw_before_after(
     // Legend across the top, centred.
     let (lw, _) = legend_strip.dim_in_pixel();
     let x0 = lw as i32 / 2 - 120;
-    for (k, (label, color)) in [("base", BASE_COLOR), ("adapter", ADAPTER_COLOR)]
+    for (k, (label, color)) in [(before, BASE_COLOR), ("adapter", ADAPTER_COLOR)]
         .into_iter()
         .enumerate()
     {

@@ -1,6 +1,7 @@
-//! `concord eval` end to end on the built-in tiny model: a short training run, then
-//! base vs adapter on held-out seeds (`--compare --json`), the report's schema and
-//! invariants, determinism, and the before/after plot drawn from its eval.json.
+//! `concord eval` end to end on the built-in tiny model: a short warm-started training
+//! run (the quickstart's SFT, then GRPO), then its start vs its adapter on held-out
+//! seeds (`--compare --json`), the report's schema and invariants, determinism, and the
+//! before/after plot drawn from its eval.json.
 use crate::util::concord_ok;
 use concord::eval::EvalReport;
 use std::path::Path;
@@ -15,6 +16,11 @@ fn eval_compare_reports_held_out_episodes() {
         "run.steps=2".to_string(),
         "run.save_every=0".to_string(),
         "grpo.max_completion_length=6".to_string(),
+        "grpo.prompts_per_step=2".to_string(),
+        "grpo.num_generations=2".to_string(),
+        "sft.steps=2".to_string(),
+        "sft.examples=4".to_string(),
+        "sft.batch_size=2".to_string(),
     ];
     let mut train = vec!["train", "--config", "configs/quickstart.toml"];
     for s in &sets {
@@ -48,7 +54,13 @@ fn eval_compare_reports_held_out_episodes() {
     assert_ne!(report.first_seed & concord::envs::HELD_OUT_BIT, 0);
     let keys: Vec<&str> = report.models.keys().map(String::as_str).collect();
     assert_eq!(keys, ["adapter", "base"]);
-    assert_eq!(report.models["base"].adapter, None);
+    // The run started from its warm start: that is what it is compared with.
+    assert_eq!(
+        Path::new(report.models["base"].adapter.as_deref().unwrap()),
+        run.join("sft")
+    );
+    let saved = std::fs::read_to_string(run.join("config.toml")).unwrap();
+    assert!(saved.contains("adapter = "), "{saved}");
     assert_eq!(
         Path::new(report.models["adapter"].adapter.as_deref().unwrap()),
         run
@@ -69,13 +81,15 @@ fn eval_compare_reports_held_out_episodes() {
         assert_eq!(e.components["win"], e.win_rate);
     }
 
-    // Deterministic, and independent of batching: `--base` alone with another batch
-    // size gives the compare run's base numbers exactly.
+    // Deterministic, and independent of batching: the start adapter alone with another
+    // batch size gives the compare run's start numbers exactly.
+    let start = run.join("sft").display().to_string();
     let mut base = vec![
         "eval",
         "--config",
         "configs/quickstart.toml",
-        "--base",
+        "--adapter",
+        start.as_str(),
         "--episodes",
         "5",
         "--json",
@@ -86,12 +100,15 @@ fn eval_compare_reports_held_out_episodes() {
         base.extend(["--set", s.as_str()]);
     }
     let alone: EvalReport = serde_json::from_str(&concord_ok(&base)).unwrap();
-    assert_eq!(alone.models["base"], report.models["base"]);
+    assert_eq!(alone.models["adapter"], report.models["base"]);
 
-    // The human table prints base before adapter, with a delta column.
+    // The human table prints the start before the adapter, with a delta column.
     let table = concord::eval::table(&report);
     let header = table.lines().find(|l| l.starts_with("| metric")).unwrap();
-    assert_eq!(header, "| metric | base | adapter | delta |");
+    assert_eq!(
+        header,
+        format!("| metric | start ({start}) | adapter | delta |")
+    );
 
     concord_ok(&["plot", &run.display().to_string()]);
     let png = std::fs::read(run.join("before_after.png")).unwrap();

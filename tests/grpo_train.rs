@@ -458,13 +458,14 @@ fn quickstart_config_trains() {
     let dir = tempfile::tempdir().unwrap();
     let cfg = Path::new(env!("CARGO_MANIFEST_DIR")).join("configs/quickstart.toml");
     let t0 = std::time::Instant::now();
-    concord::grpo::trainer::run_train(concord::grpo::trainer::TrainOptions {
+    concord::sft::run_train(concord::grpo::trainer::TrainOptions {
         config: Some(cfg),
         sets: vec![
             format!("run.output_dir={}", dir.path().display()),
             format!("model.name={}", dir.path().join("tiny").display()),
             "run.steps=3".into(),
             "run.save_every=2".into(),
+            "sft.steps=3".into(),
         ],
         resume: None,
         overwrite: false,
@@ -758,7 +759,11 @@ fn bench_grpo_step_always_updates() {
     let cfg = Path::new(env!("CARGO_MANIFEST_DIR")).join("configs/quickstart.toml");
     let r = concord::grpo::bench::bench_step(&concord::grpo::bench::BenchStepOptions {
         config: cfg,
-        sets: vec!["grpo.max_completion_length=4".into()],
+        sets: vec![
+            "grpo.max_completion_length=4".into(),
+            "grpo.prompts_per_step=2".into(),
+            "grpo.num_generations=4".into(),
+        ],
         model: Some(dir.path().join("tiny").display().to_string()),
         steps: 1,
         export_prompts: Some(dir.path().join("prompts.jsonl")),

@@ -344,6 +344,37 @@ fn parity_tied_gqa2() {
     f32_model("tied_gqa2");
 }
 
+/// An adapter trained by `concord sft` (scripts/make_parity_fixtures.py --sft-only) gives
+/// the log-probs peft computes with it (`PeftModel.from_pretrained`).
+#[test]
+fn sft_adapter_matches_peft() {
+    let fx = Fixture::new("tied_gqa2");
+    let m = load_model(&ModelSpec {
+        dtype: Some(DType::F32),
+        adapter: Some(fixtures().join("tied_gqa2_sft_adapter")),
+        ..ModelSpec::new(fx.model_dir.to_string_lossy(), Device::Cpu)
+    })
+    .unwrap();
+    let m = LoadedModel {
+        model: m.model,
+        tokenizer: m.tokenizer.unwrap(),
+    };
+    let peft = read_json("tied_gqa2_sft.json");
+    let mut worst = 0f32;
+    for case in peft["cases"].as_array().unwrap() {
+        let ours =
+            completion_logprobs(&m, &ids(&case["prompt_ids"]), &ids(&case["completion_ids"]));
+        worst = worst.max(max_abs(&ours, &floats(&case["logprobs_peft"])));
+    }
+    assert!(worst < 1e-4, "max |dlogprob| vs peft {worst}");
+    // The SFT moved the adapter: its B matrices are not PEFT's zero init.
+    assert!(m
+        .model
+        .lora_vars()
+        .iter()
+        .any(|(k, v)| k.contains("lora_B") && crate::util::max_abs(v.as_tensor()) > 0.0));
+}
+
 #[test]
 fn parity_untied_gqa4() {
     f32_model("untied_gqa4");

@@ -15,6 +15,7 @@ mod parity;
 mod plot;
 mod reliability;
 mod sample_model;
+mod sft;
 mod shared_prompt;
 mod ticketmelt;
 mod whispers;

@@ -15,7 +15,9 @@ pub struct EvalArgs {
     /// Evaluate the base model without any adapter.
     #[arg(long)]
     pub base: bool,
-    /// Evaluate base and adapter on the same seeds and print the before/after table.
+    /// Evaluate the run's start and its adapter on the same seeds and print the
+    /// before/after table. The start is the base model, or the adapter the run started
+    /// from (`model.adapter`, or the `[sft] warm_start` output in RUN_DIR/sft).
     #[arg(long, conflicts_with = "base")]
     pub compare: bool,
     /// Episodes per environment.

@@ -8,6 +8,7 @@ pub mod generate;
 pub mod model;
 mod plot;
 pub mod score;
+mod sft;
 mod train;
 
 pub use bench::{BenchArgs, BenchCommand};
@@ -34,8 +35,10 @@ pub enum Command {
     Score(score::ScoreArgs),
     /// Sample completions for chat prompts (G per prompt; `--prompts FILE.jsonl` batches).
     Generate(generate::GenerateArgs),
-    /// GRPO training: `concord train --config F [--set k=v]... [--resume DIR]`.
+    /// GRPO training: `concord train --config F [--set k=v]... [--resume DIR]` (with `[sft] warm_start`, SFT first).
     Train(train::TrainArgs),
+    /// Supervised fine-tuning of the LoRA adapter on demonstrations (`[sft]`).
+    Sft(sft::SftArgs),
     /// Play held-out episodes: reward components, win rates, 95% CIs (`--compare`: base vs adapter).
     Eval(eval::EvalArgs),
     /// Benchmarks (`bench sample`, `bench train`).
@@ -74,6 +77,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Score(args) => score::run(args),
         Command::Generate(args) => generate::run(args),
         Command::Train(args) => train::run(args),
+        Command::Sft(args) => sft::run(args),
         Command::Eval(args) => eval::run(args),
         Command::Bench(args) => bench::run(args),
         Command::Plot(args) => plot::run(args),

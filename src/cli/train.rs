@@ -22,7 +22,7 @@ pub struct TrainArgs {
 }
 
 pub fn run(a: TrainArgs) -> anyhow::Result<()> {
-    crate::grpo::trainer::run_train(crate::grpo::trainer::TrainOptions {
+    crate::sft::run_train(crate::grpo::trainer::TrainOptions {
         config: a.config,
         sets: a.sets,
         resume: a.resume,

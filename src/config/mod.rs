@@ -3,10 +3,11 @@
 //!
 //! Sections: `[run]`, `[model]`, `[lora]`, `[grpo]`, `[optim]`, `[env]` (+ the free
 //! table `[env.options]`, validated by the environment itself) and `[[stage]]` curriculum
-//! tables ([`stage`]).
+//! tables ([`stage`]), and `[sft]` for supervised fine-tuning ([`sft`]).
 //!
 //! Defaults follow TRL's `GRPOConfig` / transformers' `TrainingArguments` (see
 //! `shared/design/grpo.md`) so that a user moving from Python finds the same numbers.
+pub mod sft;
 pub mod stage;
 mod validate;
 
@@ -36,6 +37,9 @@ pub struct Config {
     /// Curriculum stages (`[[stage]]`, see [`stage`]).
     #[serde(default, rename = "stage", skip_serializing_if = "Vec::is_empty")]
     pub stages: Vec<stage::StageSpec>,
+    /// Supervised fine-tuning (`concord sft`, or `warm_start` before GRPO).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sft: Option<sft::SftConfig>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -108,6 +112,10 @@ pub struct ModelConfig {
     pub device: String,
     /// Create the built-in tiny random model at `name` when that directory is absent.
     pub init_tiny: bool,
+    /// Start from this PEFT adapter directory (e.g. an SFT run) instead of a fresh
+    /// LoRA: its adapter_config.json replaces the `[lora]` shape keys.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub adapter: Option<PathBuf>,
 }
 
 impl Default for ModelConfig {
@@ -117,6 +125,7 @@ impl Default for ModelConfig {
             dtype: DTypeName::F32,
             device: "cpu".into(),
             init_tiny: false,
+            adapter: None,
         }
     }
 }
@@ -578,7 +587,24 @@ impl Config {
     pub fn run_dir(&self) -> PathBuf {
         self.run.output_dir.join(&self.run.name)
     }
+
+    /// Where a `warm_start` SFT writes its run inside the GRPO run directory.
+    pub fn warm_start_dir(&self) -> Option<PathBuf> {
+        self.sft
+            .as_ref()
+            .filter(|s| s.warm_start)
+            .map(|_| self.run_dir().join(WARM_START_DIR))
+    }
+
+    /// The adapter GRPO starts from: the warm start's output, else `model.adapter`
+    /// (None: a fresh LoRA). What `eval --compare` measures the run against.
+    pub fn start_adapter(&self) -> Option<PathBuf> {
+        self.warm_start_dir().or_else(|| self.model.adapter.clone())
+    }
 }
+
+/// The warm start's run directory inside a GRPO run directory.
+pub const WARM_START_DIR: &str = "sft";
 
 /// Upper bounds on sizes, checked before anything is allocated (a value past them is
 /// a typo or a unit slip, not a run this trainer can take). The model-dependent bounds
@@ -611,6 +637,7 @@ pub mod limits {
 /// Everything else (sampling, logging, checkpoint cadence, loss knobs) may change.
 pub const FROZEN_ON_RESUME: &[&str] = &[
     "model.name",
+    "model.adapter",
     "lora.r",
     "lora.alpha",
     "lora.dropout",
@@ -640,6 +667,12 @@ impl Config {
         let d = |v: &dyn std::fmt::Debug| format!("{v:?}");
         let (a, b) = (self, saved);
         check("model.name", a.model.name.clone(), b.model.name.clone());
+        // The adapter the run started from (a warm start's output counts as such).
+        check(
+            "model.adapter",
+            d(&a.start_adapter()),
+            d(&b.start_adapter()),
+        );
         check("lora.r", d(&a.lora.r), d(&b.lora.r));
         check("lora.alpha", d(&a.lora.alpha), d(&b.lora.alpha));
         check("lora.dropout", d(&a.lora.dropout), d(&b.lora.dropout));
@@ -715,6 +748,12 @@ impl Config {
                 ));
         if local {
             self.model.name = abs(p).display().to_string();
+        }
+        if let Some(a) = &self.model.adapter {
+            self.model.adapter = Some(abs(a));
+        }
+        if let Some(p) = self.sft.as_mut().and_then(|s| s.path.as_mut()) {
+            *p = abs(p);
         }
     }
 }

@@ -288,13 +288,18 @@ impl Config {
             Some(e) if e.name.trim().is_empty() => {
                 return Err(err("env", "name", "must name an environment".into()))
             }
-            None if self.stages.is_empty() => {
+            // An SFT-only config may have no environment (`concord train` then says so).
+            None if self.stages.is_empty() && self.sft.is_none() => {
                 return Err(ValidationError {
                     key: None,
                     message: "missing [env] section (or [[stage]] tables)".into(),
                 })
             }
             _ => {}
+        }
+        if let Some(s) = &self.sft {
+            s.check(self.env.is_some())
+                .map_err(|(key, msg)| err("sft", key, msg))?;
         }
         Ok(())
     }

@@ -463,14 +463,32 @@ pub struct TrainOptions {
     pub overwrite: bool,
 }
 
-/// `concord train`: [`run_train_with`] without `--overwrite`.
 /// `concord train`: load and validate the config, its stages and environments, the
 /// model and the sizes; then lock the run directory, refuse to reuse one holding an
 /// earlier run (unless resuming, or `overwrite`, which first removes that run's files),
 /// train, draw the plots.
 pub fn run_train(opts: TrainOptions) -> Result<()> {
-    let overwrite = opts.overwrite;
-    if overwrite && opts.resume.is_some() {
+    prepare_train(&opts)?.train()
+}
+
+/// A validated GRPO run whose directory is locked and cleared: what
+/// [`PreparedRun::train`] needs, open to a step before it (a supervised warm start
+/// trains `model` in place and sets `cfg.model.adapter`).
+pub struct PreparedRun {
+    pub cfg: Config,
+    pub stages: Vec<Stage>,
+    pub model: Qwen2,
+    pub renderer: Box<dyn Renderer>,
+    /// The base model's name (recorded in adapter_config.json).
+    pub base: String,
+    pub resume: bool,
+    _lock: crate::run::dir::RunLock,
+}
+
+/// The first half of [`run_train`]: everything validated, then the run directory locked
+/// and checked ([`crate::run::dir::claim`]).
+pub fn prepare_train(opts: &TrainOptions) -> Result<PreparedRun> {
+    if opts.overwrite && opts.resume.is_some() {
         bail!("--overwrite and --resume exclude each other");
     }
     let cfg_path = match (&opts.config, &opts.resume) {
@@ -501,46 +519,48 @@ pub fn run_train(opts: TrainOptions) -> Result<()> {
     let (model, renderer, base) = crate::task::load_model(&cfg)?;
     check_sizes(&cfg, &stages, &model)?;
     // Everything is valid: now the run directory.
-    let lock = crate::run::dir::RunLock::acquire(&run_dir)?;
-    let previous = crate::run::dir::previous_run(&run_dir)?;
-    if opts.resume.is_none() && !previous.is_empty() {
-        if overwrite {
-            eprintln!(
-                "--overwrite: removing the earlier run in {} ({})",
-                run_dir.display(),
-                previous.join(", ")
-            );
-            crate::run::dir::clear_previous_run(&run_dir)?;
-        } else {
-            bail!(
-                "{} already holds a run ({}); continue it with `concord train --resume {}`, \
-                 replace it with `--overwrite`, or choose another run.name",
-                run_dir.display(),
-                previous.join(", "),
-                run_dir.display()
-            );
-        }
-    }
-    let mut t = Trainer::with_stages(cfg, model, renderer, stages, base, opts.resume.is_some())?;
-    let started = Instant::now();
-    t.train()?;
-    // Plots are a convenience: a failure to draw them must not fail the run.
-    match crate::plot::plot_run(&t.run_dir, 10) {
-        Ok(files) => {
-            for f in files {
-                eprintln!("wrote {}", f.display());
+    let lock = crate::run::dir::claim(&run_dir, opts.resume.is_some(), opts.overwrite, "train")?;
+    Ok(PreparedRun {
+        cfg,
+        stages,
+        model,
+        renderer,
+        base,
+        resume: opts.resume.is_some(),
+        _lock: lock,
+    })
+}
+
+impl PreparedRun {
+    /// Train, then draw the plots (the run directory stays locked until the end).
+    pub fn train(self) -> Result<()> {
+        let mut t = Trainer::with_stages(
+            self.cfg,
+            self.model,
+            self.renderer,
+            self.stages,
+            self.base,
+            self.resume,
+        )?;
+        let started = Instant::now();
+        t.train()?;
+        // Plots are a convenience: a failure to draw them must not fail the run.
+        match crate::plot::plot_run(&t.run_dir, 10) {
+            Ok(files) => {
+                for f in files {
+                    eprintln!("wrote {}", f.display());
+                }
             }
+            Err(e) => eprintln!("warning: plots not written: {e:#}"),
         }
-        Err(e) => eprintln!("warning: plots not written: {e:#}"),
+        eprintln!(
+            "done: {} steps in {:.1}s; adapter in {}",
+            t.state.step,
+            started.elapsed().as_secs_f64(),
+            t.run_dir.display()
+        );
+        Ok(())
     }
-    eprintln!(
-        "done: {} steps in {:.1}s; adapter in {}",
-        t.state.step,
-        started.elapsed().as_secs_f64(),
-        t.run_dir.display()
-    );
-    drop(lock);
-    Ok(())
 }
 
 /// Refuse a resume whose config changes a [`crate::config::FROZEN_ON_RESUME`] key of

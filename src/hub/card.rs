@@ -64,6 +64,40 @@ fn cell(s: &str) -> String {
 
 /// The model card (`README.md`) for a run: YAML metadata, what the adapter is, the
 /// training configuration, final metrics, the eval table, the plots and how to load it.
+/// Where the run started when not from a fresh LoRA: `model.adapter`, and the `[sft]`
+/// warm start that produced it (empty otherwise).
+fn start_section(c: &toml::Table) -> String {
+    let Some(adapter) = get(c, &["model", "adapter"]).and_then(|v| v.as_str()) else {
+        return String::new();
+    };
+    let mut s = format!(
+        "## Starting point\n\nGRPO started from the LoRA adapter `{adapter}` rather than a \
+         fresh one"
+    );
+    let warm = get(c, &["sft", "warm_start"]).and_then(|v| v.as_bool()) == Some(true);
+    if warm {
+        let kv: Vec<String> = [
+            "source",
+            "env",
+            "policy",
+            "path",
+            "examples",
+            "min_reward",
+            "steps",
+        ]
+        .iter()
+        .filter_map(|k| get(c, &["sft", k]).map(|v| format!("{k} = {}", toml_str(v))))
+        .collect();
+        s.push_str(&format!(
+            ": a supervised warm start (`concord sft`, completion-only loss) on \
+             demonstrations ({}) run by the same `concord train`",
+            kv.join(", ")
+        ));
+    }
+    s.push_str(".\n\n");
+    s
+}
+
 pub fn model_card(run_dir: &Path, repo: &str) -> Result<String> {
     use std::fmt::Write;
 
@@ -176,6 +210,9 @@ pub fn model_card(run_dir: &Path, repo: &str) -> Result<String> {
     );
 
     let _ = writeln!(md, "## Base model\n\n{base_link}\n");
+    if let Some(c) = &config {
+        md.push_str(&start_section(c));
+    }
 
     // Configuration.
     if let Some(c) = &config {

@@ -255,6 +255,11 @@ pub trait Renderer {
     fn decode(&self, ids: &[u32]) -> Result<String>;
     /// Tokens that end a completion.
     fn stop_ids(&self) -> Vec<u32>;
+    /// Token ids of plain text (no special tokens, no template): a completion as the
+    /// model would write it. Only a real tokenizer can.
+    fn encode_text(&self, text: &str) -> Result<Vec<u32>> {
+        anyhow::bail!("this renderer cannot encode text ({} bytes)", text.len())
+    }
 }
 
 impl Renderer for Tokenizer {
@@ -268,6 +273,9 @@ impl Renderer for Tokenizer {
     }
     fn stop_ids(&self) -> Vec<u32> {
         self.stop_token_ids().to_vec()
+    }
+    fn encode_text(&self, text: &str) -> Result<Vec<u32>> {
+        self.encode(text)
     }
 }
 

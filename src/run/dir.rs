@@ -67,7 +67,8 @@ impl RunLock {
 }
 
 /// What in `run_dir` shows an earlier run: its config.toml, training_log.csv,
-/// samples.jsonl, adapter or `checkpoint-N/` directories (sorted names; empty when none).
+/// samples.jsonl, adapter, `checkpoint-N/` or warm-start `sft/` directories (sorted
+/// names; empty when none).
 pub fn previous_run(run_dir: &Path) -> Result<Vec<String>> {
     let mut found = Vec::new();
     if !run_dir.exists() {
@@ -86,6 +87,33 @@ pub fn previous_run(run_dir: &Path) -> Result<Vec<String>> {
     Ok(found)
 }
 
+/// Lock `run_dir` for `command` (`train`, `sft`) and make sure it is free: a directory
+/// holding an earlier run is refused unless `resume` (continue it) or `overwrite`
+/// (its files are removed first).
+pub fn claim(run_dir: &Path, resume: bool, overwrite: bool, command: &str) -> Result<RunLock> {
+    let lock = RunLock::acquire(run_dir)?;
+    let previous = previous_run(run_dir)?;
+    if !resume && !previous.is_empty() {
+        if overwrite {
+            eprintln!(
+                "--overwrite: removing the earlier run in {} ({})",
+                run_dir.display(),
+                previous.join(", ")
+            );
+            clear_previous_run(run_dir)?;
+        } else {
+            bail!(
+                "{} already holds a run ({}); continue it with `concord {command} --resume {}`, \
+                 replace it with `--overwrite`, or choose another run.name",
+                run_dir.display(),
+                previous.join(", "),
+                run_dir.display()
+            );
+        }
+    }
+    Ok(lock)
+}
+
 /// Files of a run (besides `checkpoint-N/`) that `--overwrite` removes.
 const RUN_FILES: &[&str] = &[
     "config.toml",
@@ -98,6 +126,8 @@ const RUN_FILES: &[&str] = &[
     "before_after.png",
     "eval.json",
     "README.md",
+    // A `[sft] warm_start` run inside the GRPO run (config::WARM_START_DIR).
+    "sft",
 ];
 
 /// Remove an earlier run's files from `run_dir` (`train --overwrite`): logs, config,

@@ -16,13 +16,14 @@ pub struct EvalReport {
     pub episodes: usize,
     pub greedy: bool,
     pub first_seed: u64,
-    /// By model: `base` (no adapter) and/or `adapter`.
+    /// By model: `base` (what the run started from: no adapter, or the start adapter
+    /// it names) and/or `adapter`.
     pub models: BTreeMap<String, ModelEval>,
 }
 
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
 pub struct ModelEval {
-    /// The adapter's directory; `None` for the base model.
+    /// The adapter's directory; `None` for the base model without adapter.
     pub adapter: Option<String>,
     /// By environment name.
     pub envs: BTreeMap<String, EnvEval>,

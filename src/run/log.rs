@@ -307,6 +307,67 @@ pub fn truncate_logs(run_dir: &Path, step: usize) -> Result<()> {
     Ok(())
 }
 
+/// One row of an SFT run's training_log.csv (TRL `SFTTrainer`'s names).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SftRow {
+    pub step: usize,
+    /// Passes over the demonstrations so far (fractional, as TRL logs it).
+    pub epoch: f64,
+    /// Mean negative log-likelihood per completion token of the step's batch.
+    pub loss: f64,
+    pub grad_norm: f64,
+    pub learning_rate: f64,
+    /// Prompt + completion tokens trained on so far.
+    pub num_tokens: f64,
+    /// Share of completion tokens whose most likely next token is the target.
+    pub mean_token_accuracy: f64,
+    /// 1 when the update was skipped (non-finite loss or gradient).
+    pub skipped: f64,
+    pub step_time: f64,
+    /// Cumulative training wall time.
+    pub seconds: f64,
+}
+
+type SftColumn = (&'static str, fn(&SftRow) -> f64);
+
+/// The numeric columns of an SFT log, after `step`.
+pub const SFT_COLUMNS: &[SftColumn] = &[
+    ("epoch", |r| r.epoch),
+    ("loss", |r| r.loss),
+    ("grad_norm", |r| r.grad_norm),
+    ("learning_rate", |r| r.learning_rate),
+    ("num_tokens", |r| r.num_tokens),
+    ("mean_token_accuracy", |r| r.mean_token_accuracy),
+    ("skipped", |r| r.skipped),
+    ("step_time", |r| r.step_time),
+    ("seconds", |r| r.seconds),
+];
+
+/// The header of an SFT run's training_log.csv.
+pub fn sft_header() -> Vec<String> {
+    std::iter::once("step")
+        .chain(SFT_COLUMNS.iter().map(|(n, _)| *n))
+        .map(str::to_string)
+        .collect()
+}
+
+/// Append `row` to `run_dir/training_log.csv` (header first into a new file).
+pub fn append_sft_row(run_dir: &Path, row: &SftRow) -> Result<()> {
+    let path = run_dir.join(TRAINING_LOG);
+    let mut text = String::new();
+    if !path.exists() {
+        text.push_str(&sft_header().join(","));
+        text.push('\n');
+    }
+    text.push_str(&row.step.to_string());
+    for (_, get) in SFT_COLUMNS {
+        text.push(',');
+        text.push_str(&fmt_f(get(row)));
+    }
+    text.push('\n');
+    append(&path, &text)
+}
+
 /// `training_log.csv`, parsed by header name. Numeric cells that are empty, `nan` or
 /// otherwise not a finite number are NaN.
 #[derive(Debug, Clone, PartialEq)]

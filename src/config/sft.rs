@@ -1,0 +1,140 @@
+//! `[sft]`: supervised fine-tuning (`concord sft`, or a warm start before GRPO with
+//! `warm_start = true`). Where the demonstrations come from and how long to train; the
+//! model, LoRA, optimizer and run keys are the shared `[model]`, `[lora]`, `[optim]` and
+//! `[run]` sections, so one file can hold the warm start and the GRPO run after it.
+//!
+//! Defaults follow TRL's `SFTConfig` where it has the knob (`learning_rate` 2e-5,
+//! `num_train_epochs`, `max_steps`, `per_device_train_batch_size` 8).
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+
+/// Where demonstrations come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum SftSource {
+    /// A JSONL file of `{"messages": [...], "completion": "..."}` lines (`path`).
+    #[default]
+    Jsonl,
+    /// An environment's scripted policy (`env`, `policy`): its decisions rendered as
+    /// prompts, its answers as completions.
+    Env,
+    /// Rejection sampling: the model's own completions on an environment's decisions,
+    /// kept when their reward reaches `min_reward`.
+    Rejection,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SftConfig {
+    pub source: SftSource,
+    /// The JSONL file (`source = "jsonl"`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub path: Option<PathBuf>,
+    /// Environment of `env` / `rejection` sources (default: `[env] name`, with its
+    /// options unless `[sft.options]` is given).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub env: Option<String>,
+    /// Options of that environment (default: `[env.options]` when it is `[env]`'s).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub options: Option<toml::Table>,
+    /// The scripted policy whose answers are the demonstrations (`source = "env"`).
+    pub policy: String,
+    /// Demonstrations to build (`env`: one per decision; `rejection`: kept samples).
+    pub examples: usize,
+    /// Rejection sampling keeps a completion whose scalar reward is at least this.
+    pub min_reward: f64,
+    /// Rejection sampling draws at most this many prompts (0: 8 x `examples`); each
+    /// gets `grpo.num_generations` samples with the `[grpo]` sampling keys.
+    pub max_prompts: usize,
+    /// Passes over the demonstrations (TRL `num_train_epochs`), unless `steps` > 0.
+    pub epochs: usize,
+    /// Optimizer steps (TRL `max_steps`); 0: `epochs` passes.
+    pub steps: usize,
+    /// Demonstrations per optimizer step (`[optim] micro_batch` splits it).
+    pub batch_size: usize,
+    /// Peak learning rate of the SFT updates (`[optim]` gives every other optimizer key).
+    pub learning_rate: f64,
+    /// `concord train` runs this SFT first (into `RUN_DIR/sft/`) and starts GRPO from
+    /// its adapter.
+    pub warm_start: bool,
+}
+
+impl Default for SftConfig {
+    fn default() -> Self {
+        Self {
+            source: SftSource::Jsonl,
+            path: None,
+            env: None,
+            options: None,
+            policy: "random".into(),
+            examples: 256,
+            min_reward: 1.0,
+            max_prompts: 0,
+            epochs: 3,
+            steps: 0,
+            batch_size: 8,
+            learning_rate: 2e-5,
+            warm_start: false,
+        }
+    }
+}
+
+/// Demonstrations an `env` / `rejection` source may ask for.
+pub const MAX_EXAMPLES: usize = 1_000_000;
+
+impl SftConfig {
+    /// Range and consistency checks: `(key, message)` of the first problem.
+    #[allow(clippy::neg_cmp_op_on_partial_ord)]
+    pub fn check(&self, has_env: bool) -> Result<(), (&'static str, String)> {
+        match self.source {
+            SftSource::Jsonl if self.path.is_none() => {
+                return Err((
+                    "path",
+                    "source = \"jsonl\" needs path = \"FILE.jsonl\"".into(),
+                ))
+            }
+            SftSource::Env | SftSource::Rejection if self.env.is_none() && !has_env => {
+                return Err((
+                    "env",
+                    "this source needs an environment: env = \"NAME\" (or an [env] section)".into(),
+                ))
+            }
+            _ => {}
+        }
+        if self.source != SftSource::Jsonl && !(1..=MAX_EXAMPLES).contains(&self.examples) {
+            return Err(("examples", format!("must be in 1..={MAX_EXAMPLES}")));
+        }
+        if !self.min_reward.is_finite() {
+            return Err(("min_reward", "must be a finite number".into()));
+        }
+        if self.steps == 0 && self.epochs == 0 {
+            return Err(("epochs", "epochs or steps must be >= 1".into()));
+        }
+        if self.steps > super::limits::MAX_STEPS {
+            return Err((
+                "steps",
+                format!("exceeds the limit of {}", super::limits::MAX_STEPS),
+            ));
+        }
+        if !(1..=super::limits::MAX_BATCH_ROWS).contains(&self.batch_size) {
+            return Err((
+                "batch_size",
+                format!("must be in 1..={}", super::limits::MAX_BATCH_ROWS),
+            ));
+        }
+        if !(self.learning_rate > 0.0) || !self.learning_rate.is_finite() {
+            return Err(("learning_rate", "must be > 0".into()));
+        }
+        Ok(())
+    }
+
+    /// Optimizer steps for `n` demonstrations: `steps`, or enough batches of
+    /// `batch_size` for `epochs` passes (a batch may straddle two passes).
+    pub fn total_steps(&self, n: usize) -> usize {
+        if self.steps > 0 {
+            self.steps
+        } else {
+            (self.epochs * n).div_ceil(self.batch_size.max(1))
+        }
+    }
+}

@@ -1,0 +1,283 @@
+//! The SFT loop. Each step reads top to bottom:
+//! ```ignore
+//! let rows = self.batch(step);            // batch_size demonstrations, shuffled per pass
+//! for micro in rows { forward -> completion log-probs -> sft_loss -> backward }
+//! clip -> AdamW (scheduled lr) -> training_log.csv row -> checkpoint every save_every
+//! ```
+//! The model, LoRA, AdamW, schedule, checkpoints, resume and run-directory guard are
+//! those of GRPO training; only the objective differs. The order of demonstrations and
+//! the dropout masks of step `s` are pure functions of `(run.seed, s)`, so a resumed
+//! run writes the same later rows as an uninterrupted one.
+use super::data::Example;
+use super::loss::{sft_loss, token_hits};
+use crate::config::{Config, OptimConfig};
+use crate::grpo::optim::{clip_grad_norm, AdamW, AdamWParams, LrSchedule};
+use crate::grpo::pack::{micro_batches, pack, Packed, Rollout};
+use crate::model::qwen2::{Mode, Qwen2};
+use crate::rng::mix_seeds as mix;
+use crate::run::checkpoint::{self, TrainerState};
+use crate::run::log::{self, SftRow};
+use anyhow::{bail, Result};
+use candle_core::Tensor;
+use rand::seq::SliceRandom;
+use rand::SeedableRng;
+use std::path::PathBuf;
+use std::time::Instant;
+
+pub struct SftTrainer<'m> {
+    pub model: &'m Qwen2,
+    examples: Vec<Example>,
+    opt: AdamW,
+    sched: LrSchedule,
+    /// `[optim]` with the SFT learning rate.
+    optim: OptimConfig,
+    batch_size: usize,
+    /// Demonstrations the run passes over (`epochs x n`), or None with `sft.steps`.
+    stream_len: Option<usize>,
+    pub total_steps: usize,
+    seed: u64,
+    save_every: usize,
+    save_total_limit: usize,
+    pub run_dir: PathBuf,
+    pub state: TrainerState,
+    pad_id: u32,
+    base_model: String,
+    /// The current pass's order (pass index, permutation).
+    order: Option<(usize, Vec<usize>)>,
+}
+
+impl<'m> SftTrainer<'m> {
+    /// A trainer over `model`'s LoRA variables writing to `run_dir` (created): resumes
+    /// from its latest checkpoint when `resume`, else starts fresh logs. `cfg` gives
+    /// `[sft]`, `[optim]` and `[run]`; its config.toml is written into `run_dir`.
+    pub fn new(
+        cfg: &Config,
+        model: &'m mut Qwen2,
+        examples: Vec<Example>,
+        pad_id: u32,
+        base_model: String,
+        run_dir: PathBuf,
+        resume: bool,
+    ) -> Result<Self> {
+        let Some(sft) = cfg.sft.clone() else {
+            bail!("the config has no [sft] section");
+        };
+        if examples.is_empty() {
+            bail!("no demonstrations to train on");
+        }
+        std::fs::create_dir_all(&run_dir)?;
+        let latest = if resume {
+            checkpoint::latest(&run_dir)?
+        } else {
+            None
+        };
+        // The adapter is restored before the optimizer is built over its variables.
+        if let Some((_, dir)) = &latest {
+            model.load_adapter(dir)?;
+        }
+        let model: &'m Qwen2 = model;
+        let optim = OptimConfig {
+            learning_rate: sft.learning_rate,
+            ..cfg.optim.clone()
+        };
+        let vars = model.lora_vars();
+        if vars.is_empty() {
+            bail!("the model has no LoRA parameters to train");
+        }
+        let mut opt = AdamW::new(vars, AdamWParams::from_config(&optim))?;
+        let mut state = TrainerState::fresh(cfg.run.seed);
+        if let Some((step, dir)) = &latest {
+            opt.load(&dir.join(checkpoint::OPTIMIZER))?;
+            state = checkpoint::load_state(dir, *step)?;
+            log::truncate_logs(&run_dir, state.step)?;
+            eprintln!(
+                "resuming SFT in {} from step {}",
+                run_dir.display(),
+                state.step
+            );
+        } else {
+            log::remove_logs(&run_dir)?;
+        }
+        state.csv_header = log::sft_header();
+        crate::atomic::atomic_write_bytes(
+            &run_dir.join("config.toml"),
+            cfg.to_toml_string()?.as_bytes(),
+        )?;
+        let n = examples.len();
+        let total_steps = sft.total_steps(n);
+        Ok(Self {
+            model,
+            examples,
+            sched: LrSchedule::from_config(&optim, total_steps),
+            opt,
+            optim,
+            batch_size: sft.batch_size,
+            stream_len: (sft.steps == 0).then_some(sft.epochs * n),
+            total_steps,
+            seed: cfg.run.seed,
+            save_every: cfg.run.save_every,
+            save_total_limit: cfg.run.save_total_limit,
+            run_dir,
+            state,
+            pad_id,
+            base_model,
+            order: None,
+        })
+    }
+
+    /// Train to the last step, writing checkpoints every `save_every` steps and at the
+    /// end, and the adapter into the run directory.
+    pub fn train(&mut self) -> Result<()> {
+        let every = (self.total_steps / 10).max(1);
+        while self.state.step < self.total_steps {
+            let row = self.step()?;
+            let s = self.state.step;
+            if s == self.total_steps || s.is_multiple_of(every) {
+                eprintln!(
+                    "sft step {s}/{} loss {:.4} mean_token_accuracy {:.3} ({:.1}s)",
+                    self.total_steps, row.loss, row.mean_token_accuracy, row.seconds
+                );
+            }
+            if s == self.total_steps || (self.save_every > 0 && s.is_multiple_of(self.save_every)) {
+                self.save_checkpoint()?;
+            }
+        }
+        self.model.save_adapter(&self.run_dir, &self.base_model)
+    }
+
+    /// Indices (into the demonstrations) of step `step`'s batch: positions
+    /// `step * batch_size ..` of the stream of passes, each pass a fresh permutation.
+    pub fn batch(&mut self, step: usize) -> Vec<usize> {
+        let n = self.examples.len();
+        let lo = step * self.batch_size;
+        let hi = ((step + 1) * self.batch_size).min(self.stream_len.unwrap_or(usize::MAX));
+        (lo..hi)
+            .map(|k| {
+                let pass = k / n;
+                if self.order.as_ref().is_none_or(|(p, _)| *p != pass) {
+                    let mut perm: Vec<usize> = (0..n).collect();
+                    let mut rng =
+                        rand_chacha::ChaCha8Rng::seed_from_u64(mix(self.seed, pass as u64));
+                    perm.shuffle(&mut rng);
+                    self.order = Some((pass, perm));
+                }
+                self.order.as_ref().map_or(0, |(_, perm)| perm[k % n])
+            })
+            .collect()
+    }
+
+    /// One optimizer step on the next batch; appends its training_log.csv row.
+    pub fn step(&mut self) -> Result<SftRow> {
+        let t0 = Instant::now();
+        let step = self.state.step;
+        let step_seed = mix(self.seed, step as u64);
+        let rows: Vec<Rollout> = self
+            .batch(step)
+            .into_iter()
+            .map(|i| as_rollout(&self.examples[i]))
+            .collect();
+        let num_tokens: usize = rows.iter().map(|r| r.completion_ids.len()).sum();
+        let mut acc: Option<Vec<Tensor>> = None;
+        let (mut loss, mut hits) = (0.0, 0);
+        for (mi, range) in micro_batches(rows.len(), self.optim.micro_batch)
+            .into_iter()
+            .enumerate()
+        {
+            let refs: Vec<&Rollout> = rows[range].iter().collect();
+            let packed = pack(&refs, self.pad_id, false)?;
+            let mode = Mode::Train {
+                dropout_seed: mix(step_seed, mi as u64),
+            };
+            let (l, h) = micro_step(self.model, &packed, num_tokens as f64, mode)?;
+            loss += l.to_scalar::<f32>()? as f64;
+            hits += h;
+            self.opt.accumulate(&mut acc, &l.backward()?)?;
+        }
+        let Some(mut grads) = acc else {
+            bail!("step {}: an empty batch", step + 1);
+        };
+        let norm = clip_grad_norm(&mut grads, self.optim.max_grad_norm)?;
+        let lr = self.optim.learning_rate * self.sched.factor(step);
+        let skipped = !loss.is_finite() || !norm.is_finite();
+        if skipped {
+            eprintln!(
+                "sft step {}: non-finite loss or gradient: update skipped",
+                step + 1
+            );
+        } else {
+            self.opt.set_lr(lr);
+            self.opt.step(&grads)?;
+        }
+        let step_time = t0.elapsed().as_secs_f64();
+        self.state.step += 1;
+        self.state.num_tokens += rows
+            .iter()
+            .map(|r| (r.prompt_ids.len() + r.completion_ids.len()) as f64)
+            .sum::<f64>();
+        self.state.seconds += step_time;
+        let seen = (self.state.step * self.batch_size).min(self.stream_len.unwrap_or(usize::MAX));
+        let row = SftRow {
+            step: self.state.step,
+            epoch: seen as f64 / self.examples.len() as f64,
+            loss,
+            grad_norm: norm,
+            learning_rate: lr,
+            num_tokens: self.state.num_tokens,
+            mean_token_accuracy: hits as f64 / num_tokens.max(1) as f64,
+            skipped: if skipped { 1.0 } else { 0.0 },
+            step_time,
+            seconds: self.state.seconds,
+        };
+        log::append_sft_row(&self.run_dir, &row)?;
+        Ok(row)
+    }
+
+    /// `checkpoint-STEP/` (adapter, optimizer, state) and the top-level adapter.
+    pub fn save_checkpoint(&self) -> Result<PathBuf> {
+        let dir = checkpoint::save(&self.run_dir, &self.state, self.save_total_limit, |tmp| {
+            self.model.save_adapter(tmp, &self.base_model)?;
+            self.opt.save(&tmp.join(checkpoint::OPTIMIZER))
+        })?;
+        self.model.save_adapter(&self.run_dir, &self.base_model)?;
+        Ok(dir)
+    }
+}
+
+/// A demonstration in the trainer's packing layout: every completion token carries
+/// loss (mask 1); the GRPO fields stay empty.
+fn as_rollout(e: &Example) -> Rollout {
+    Rollout {
+        group: 0,
+        prompt_ids: e.prompt_ids.clone(),
+        completion_ids: e.completion_ids.clone(),
+        env_mask: vec![1.0; e.completion_ids.len()],
+        truncated: false,
+        text: String::new(),
+        reward: Default::default(),
+        scalar: 0.0,
+        advantage: 0.0,
+        old_logp: None,
+    }
+}
+
+/// Forward one packed micro-batch: its loss share (`sum of completion NLL /
+/// num_tokens`, with the graph) and how many completion tokens the model predicts.
+/// The same chunked log-prob path as GRPO's `completion_logprobs` (only completion
+/// positions reach the LM head), kept here because the accuracy needs the hidden states.
+pub fn micro_step(
+    model: &Qwen2,
+    p: &Packed,
+    num_tokens: f64,
+    mode: Mode,
+) -> Result<(Tensor, usize)> {
+    let dev = model.device().clone();
+    let ids = Tensor::from_vec(p.ids.clone(), (p.rows, p.width), &dev)?;
+    let hidden = model.forward(&ids, Some(&p.attention), mode)?;
+    let h = hidden.narrow(1, p.prompt_len - 1, p.comp_len)?;
+    let targets = Tensor::from_vec(p.targets.clone(), (p.rows, p.comp_len), &dev)?;
+    let lp = model.token_logprobs(&h, &targets, 1.0, false)?.logprobs;
+    let mask = Tensor::from_vec(p.mask.clone(), (p.rows, p.comp_len), &dev)?;
+    let loss = sft_loss(&lp, &mask, num_tokens)?;
+    let hits = token_hits(model, &h, &p.targets, &p.mask)?;
+    Ok((loss, hits))
+}

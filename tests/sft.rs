@@ -1,0 +1,304 @@
+//! Supervised fine-tuning: the loss against a hand computation, the completion-only
+//! mask, bad data refused before anything is written, and the warm start into GRPO
+//! through `[model] adapter`.
+use candle_core::{DType, Device, Tensor};
+use concord::grpo::pack::{pack, Rollout};
+use concord::model::lora::LoraConfig;
+use concord::model::qwen2::{random_weights, Mode, Qwen2, Qwen2Config};
+use concord::sft::data::parse_jsonl;
+use concord::sft::loss::sft_loss;
+use concord::sft::trainer::micro_step;
+use std::path::Path;
+
+fn model() -> Qwen2 {
+    let cfg = Qwen2Config {
+        vocab_size: 32,
+        ..Qwen2Config::tiny()
+    };
+    let w = random_weights(&cfg, 11, DType::F32, &Device::Cpu).unwrap();
+    let lora = LoraConfig {
+        r: 4,
+        alpha: 8.0,
+        target_modules: crate::util::all_lora_targets(),
+        ..LoraConfig::default()
+    };
+    Qwen2::new(&cfg, &w, Some(&lora)).unwrap()
+}
+
+fn row(prompt: &[u32], completion: &[u32]) -> Rollout {
+    Rollout {
+        group: 0,
+        prompt_ids: prompt.to_vec(),
+        completion_ids: completion.to_vec(),
+        env_mask: vec![1.0; completion.len()],
+        truncated: false,
+        text: String::new(),
+        reward: Default::default(),
+        scalar: 0.0,
+        advantage: 0.0,
+        old_logp: None,
+    }
+}
+
+/// ln softmax(logits)[target] of every next token of `ids`, from the full `[T, V]`
+/// logits in f64: the hand computation, by another path than the chunked log-probs.
+fn full_logprobs(m: &Qwen2, ids: &[u32]) -> Vec<f64> {
+    let t = Tensor::new(ids, &Device::Cpu)
+        .unwrap()
+        .unsqueeze(0)
+        .unwrap();
+    let h = m.forward(&t, None, Mode::Detached).unwrap();
+    let logits: Vec<Vec<f32>> = m.logits(&h).unwrap().squeeze(0).unwrap().to_vec2().unwrap();
+    (0..ids.len() - 1)
+        .map(|i| {
+            let z: Vec<f64> = logits[i].iter().map(|&x| x as f64).collect();
+            let max = z.iter().cloned().fold(f64::MIN, f64::max);
+            let lse = max + z.iter().map(|x| (x - max).exp()).sum::<f64>().ln();
+            z[ids[i + 1] as usize] - lse
+        })
+        .collect()
+}
+
+#[test]
+fn sft_loss_of_fixed_log_probs_is_the_masked_mean() {
+    let lp = Tensor::new(&[[-1.0f32, -2.0, -7.0], [-3.0, -0.5, -9.0]], &Device::Cpu).unwrap();
+    let mask = Tensor::new(&[[1.0f32, 1.0, 0.0], [1.0, 1.0, 0.0]], &Device::Cpu).unwrap();
+    // (1 + 2 + 3 + 0.5) / 4 tokens; the masked -7 and -9 count for nothing.
+    let l: f32 = sft_loss(&lp, &mask, 4.0).unwrap().to_scalar().unwrap();
+    assert!((l - 1.625).abs() < 1e-6, "{l}");
+    // A micro-batch's share: the divisor is the whole batch's token count.
+    let l: f32 = sft_loss(&lp, &mask, 8.0).unwrap().to_scalar().unwrap();
+    assert!((l - 0.8125).abs() < 1e-6, "{l}");
+}
+
+/// Two demonstrations of different lengths in one padded micro-batch: the loss is the
+/// hand-computed mean NLL of the 2 + 3 completion tokens, and neither prompt tokens nor
+/// padding add to it.
+#[test]
+fn sft_loss_matches_hand_computation_and_only_completion_tokens_count() {
+    let m = model();
+    let (a_p, a_c) = (vec![1u32, 2, 3, 4], vec![5u32, 6]);
+    let (b_p, b_c) = (vec![7u32, 8], vec![9u32, 10, 11]);
+    let ra = row(&a_p, &a_c);
+    let rb = row(&b_p, &b_c);
+    let packed = pack(&[&ra, &rb], 0, false).unwrap();
+    // Exactly the completion tokens are masked in.
+    assert_eq!(packed.mask.iter().sum::<f32>(), 5.0);
+    let (loss, hits) = micro_step(&m, &packed, 5.0, Mode::Grad).unwrap();
+    let loss = loss.to_scalar::<f32>().unwrap() as f64;
+
+    let la = full_logprobs(&m, &[a_p.clone(), a_c.clone()].concat());
+    let lb = full_logprobs(&m, &[b_p.clone(), b_c.clone()].concat());
+    // Next-token log-probs of the completion tokens only: positions len(prompt)-1.. .
+    let comp: f64 =
+        la[a_p.len() - 1..].iter().sum::<f64>() + lb[b_p.len() - 1..].iter().sum::<f64>();
+    let hand = -comp / 5.0;
+    assert!((loss - hand).abs() < 1e-4, "loss {loss} vs hand {hand}");
+    // Counting the prompt tokens too would give another number.
+    let all: f64 = la.iter().sum::<f64>() + lb.iter().sum::<f64>();
+    let with_prompt = -all / (la.len() + lb.len()) as f64;
+    assert!((loss - with_prompt).abs() > 1e-2, "{loss} vs {with_prompt}");
+    assert!(hits <= 5);
+
+    // Changing a prompt changes the loss only through the context; changing a padded
+    // position's id (not a completion token) changes nothing.
+    let mut p2 = packed.clone();
+    let pad_col = p2.width - 1; // row 0's last column is padding (2 < 3 completion tokens)
+    assert_eq!(p2.attention[pad_col], 0);
+    p2.ids[pad_col] = 13;
+    p2.targets[2] = 13;
+    let (l2, _) = micro_step(&m, &p2, 5.0, Mode::Grad).unwrap();
+    assert!((l2.to_scalar::<f32>().unwrap() as f64 - loss).abs() < 1e-6);
+
+    // The gradient reaches the LoRA B matrices (they start at zero).
+    let grads = micro_step(&m, &packed, 5.0, Mode::Grad)
+        .unwrap()
+        .0
+        .backward()
+        .unwrap();
+    let b = m
+        .lora_vars()
+        .into_iter()
+        .find(|(k, _)| k.contains("lora_B"))
+        .unwrap()
+        .1;
+    let g = grads.get(b.as_tensor()).unwrap();
+    assert!(crate::util::max_abs(g) > 0.0);
+}
+
+#[test]
+fn bad_jsonl_lines_name_the_file_line_and_field() {
+    let good = r#"{"messages":[{"role":"user","content":"hi"}],"completion":"ok"}"#;
+    let cases = [
+        ("not json", "line 2: not valid JSON"),
+        ("[1, 2]", "line 2: expected an object"),
+        (r#"{"completion":"x"}"#, "line 2: `messages`: missing"),
+        (
+            r#"{"messages":"hi","completion":"x"}"#,
+            "line 2: `messages`: expected a list",
+        ),
+        (
+            r#"{"messages":[],"completion":"x"}"#,
+            "line 2: `messages`: the message list is empty",
+        ),
+        (
+            r#"{"messages":[{"role":"robot","content":"x"}],"completion":"x"}"#,
+            "line 2: `messages`: message 1: unknown role `robot`",
+        ),
+        (
+            r#"{"messages":[{"role":"user","content":"x"}]}"#,
+            "line 2: `completion`: missing",
+        ),
+        (
+            r#"{"messages":[{"role":"user","content":"x"}],"completion":3}"#,
+            "line 2: `completion`: expected a string",
+        ),
+        (
+            r#"{"messages":[{"role":"user","content":"x"}],"completion":""}"#,
+            "line 2: `completion`: is empty",
+        ),
+    ];
+    for (bad, want) in cases {
+        let text = format!("{good}\n{bad}\n{good}\n");
+        let e = parse_jsonl(&text, "data.jsonl").unwrap_err().to_string();
+        assert!(e.starts_with("data.jsonl: "), "{e}");
+        assert!(e.contains(want), "{bad}: {e}");
+    }
+    let ok = parse_jsonl(&format!("{good}\n\n{good}\n"), "d.jsonl").unwrap();
+    assert_eq!(ok.len(), 2);
+    assert_eq!(ok[0].completion, "ok");
+    let e = parse_jsonl("\n\n", "d.jsonl").unwrap_err().to_string();
+    assert!(e.contains("no demonstrations"), "{e}");
+}
+
+fn sft_config(dir: &Path, data: &Path, extra: &str) -> std::path::PathBuf {
+    let toml = format!(
+        r#"
+[run]
+name = "sft"
+output_dir = "{out}"
+steps = 2
+save_every = 2
+[model]
+name = "{model}"
+init_tiny = true
+[lora]
+r = 4
+alpha = 8
+dropout = 0.0
+[sft]
+source = "jsonl"
+path = "{data}"
+steps = 4
+batch_size = 2
+learning_rate = 1e-2
+[grpo]
+num_generations = 2
+prompts_per_step = 1
+max_completion_length = 4
+[optim]
+learning_rate = 1e-3
+micro_batch = 1
+[env]
+name = "ticketmelt"
+{extra}
+"#,
+        out = dir.display(),
+        model = dir.join("tiny").display(),
+        data = data.display()
+    );
+    let p = dir.join("sft.toml");
+    std::fs::write(&p, toml).unwrap();
+    p
+}
+
+/// `concord sft` on bad data fails naming file, line and field, and writes nothing;
+/// on good data it writes TRL's SFT columns, lowers the loss and saves an adapter that
+/// `[model] adapter` starts a GRPO run from (recorded in its config.toml).
+#[test]
+fn sft_cli_refuses_bad_data_and_trains_an_adapter_grpo_starts_from() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("demos.jsonl");
+    let demo = |c: &str| {
+        format!(
+            r#"{{"messages":[{{"role":"system","content":"Answer in JSON."}},{{"role":"user","content":"Which server?"}}],"completion":"{c}"}}"#
+        )
+    };
+    std::fs::write(
+        &data,
+        format!(
+            "{}\n{{\"messages\":[{{\"role\":\"user\",\"content\":\"x\"}}],\"completion\":7}}\n",
+            demo("A")
+        ),
+    )
+    .unwrap();
+    let cfg = sft_config(dir.path(), &data, "");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_concord"))
+        .args(["sft", "--config", cfg.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(&format!(
+            "{}: line 2: `completion`: expected a string",
+            data.display()
+        )),
+        "{err}"
+    );
+    assert!(
+        !dir.path().join("sft").exists(),
+        "a run directory was written"
+    );
+
+    let lines: Vec<String> = (0..4)
+        .map(|i| {
+            demo(&format!(
+                r#"{{\"commitment\":\"DEPLOY_PROD_{}\"}}"#,
+                ["A", "B"][i % 2]
+            ))
+        })
+        .collect();
+    std::fs::write(&data, lines.join("\n")).unwrap();
+    crate::util::concord_ok(&["sft", "--config", cfg.to_str().unwrap()]);
+    let run = dir.path().join("sft");
+    let log = concord::run::log::TrainingLog::read(&run.join("training_log.csv")).unwrap();
+    for c in [
+        "loss",
+        "grad_norm",
+        "learning_rate",
+        "num_tokens",
+        "mean_token_accuracy",
+    ] {
+        assert!(log.column(c).is_some(), "no {c} column: {:?}", log.header);
+    }
+    let loss = log.column("loss").unwrap();
+    assert_eq!(loss.len(), 4);
+    assert!(loss[3] < loss[0], "{loss:?}");
+    assert!(run.join("adapter_model.safetensors").exists());
+    assert!(run.join("checkpoint-4").exists());
+
+    // GRPO from that adapter: config.toml records it, and the run's adapter starts from
+    // the SFT values (nonzero B) rather than a fresh LoRA.
+    let grpo = dir.path().join("grpo.toml");
+    let text = std::fs::read_to_string(&cfg)
+        .unwrap()
+        .replace("name = \"sft\"", "name = \"grpo\"")
+        .replace(
+            "[model]\n",
+            &format!("[model]\nadapter = \"{}\"\n", run.display()),
+        );
+    std::fs::write(&grpo, text).unwrap();
+    crate::util::concord_ok(&["train", "--config", grpo.to_str().unwrap()]);
+    let saved = std::fs::read_to_string(dir.path().join("grpo/config.toml")).unwrap();
+    assert!(
+        saved.contains(&format!("adapter = \"{}\"", run.display())),
+        "{saved}"
+    );
+    let b = concord::model::lora::read_peft_tensors(&dir.path().join("grpo")).unwrap();
+    let nonzero_b = b
+        .iter()
+        .filter(|(k, _)| k.contains("lora_B"))
+        .any(|(_, (_, v))| v.iter().any(|x| *x != 0.0));
+    assert!(nonzero_b);
+}
