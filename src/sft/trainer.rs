@@ -257,6 +257,7 @@ fn as_rollout(e: &Example) -> Rollout {
         scalar: 0.0,
         advantage: 0.0,
         old_logp: None,
+        sampler_logp: None,
     }
 }
 
