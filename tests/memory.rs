@@ -52,6 +52,7 @@ fn update(o: &OptimConfig) -> anyhow::Result<(UpdateStats, Vec<Tensor>)> {
         opt: &mut opt,
         sched: &sched,
         pad_id: 0,
+        budget: None,
     }
     .update(&mut batch, &g, o, 0, 17)?;
     let vars = m

@@ -264,6 +264,7 @@ fn update_with_share_prompt_matches() {
             opt: &mut opt,
             sched: &sched,
             pad_id: 0,
+            budget: None,
         }
         .update(&mut batch, &g, &o, 0, 17)
         .unwrap();

@@ -30,6 +30,7 @@ use super::update::{Learner, UpdateStats};
 use crate::config::stage::StageLength;
 use crate::config::Config;
 use crate::curriculum::{total_steps, Stage};
+use crate::model::budget::MemoryBudget;
 use crate::model::qwen2::Qwen2;
 use crate::rng::mix_seeds as mix;
 use crate::run::checkpoint::{self, TrainerState};
@@ -60,6 +61,11 @@ pub struct Trainer {
     /// The most micro-batches an update of this process was cut into so far: the
     /// memory line is printed at the first update and whenever this grows.
     max_micro_batches: Option<usize>,
+    /// The default memory budget, read from MemAvailable once, at the first update:
+    /// afterwards this process's allocator keeps the memory earlier steps freed for
+    /// reuse, which MemAvailable no longer counts, so re-reading it would shrink the
+    /// budget step after step.
+    host_budget: Option<MemoryBudget>,
 }
 
 static INTERRUPTED: AtomicBool = AtomicBool::new(false);
@@ -172,6 +178,7 @@ impl Trainer {
             pad_id,
             base_model,
             max_micro_batches: None,
+            host_budget: None,
         })
     }
 
@@ -299,11 +306,15 @@ impl Trainer {
     ) -> Result<UpdateStats> {
         let cfg = &self.stages[stage].cfg;
         self.opt.params = AdamWParams::from_config(&cfg.optim);
+        if self.host_budget.is_none() && cfg.optim.memory_budget_gb.is_none() {
+            self.host_budget = Some(MemoryBudget::resolve(None, self.model.device()));
+        }
         let stats = Learner {
             model: &self.model,
             opt: &mut self.opt,
             sched: &self.sched,
             pad_id: self.pad_id,
+            budget: self.host_budget,
         }
         .update(batch, &cfg.grpo, &cfg.optim, self.state.step, seed)?;
         let n = stats.plan.micro_batches.len();

@@ -55,6 +55,11 @@ pub struct Learner<'a> {
     pub opt: &'a mut AdamW,
     pub sched: &'a LrSchedule,
     pub pad_id: u32,
+    /// The host-memory budget read earlier in the run (see [`Trainer`]'s
+    /// `host_budget`); `None`: resolve it now. `[optim] memory_budget_gb` wins over it.
+    ///
+    /// [`Trainer`]: super::trainer::Trainer
+    pub budget: Option<MemoryBudget>,
 }
 
 impl Learner<'_> {
@@ -87,7 +92,10 @@ impl Learner<'_> {
         // row ranges (within the micro-batch) of each group. Cut before anything is
         // allocated, so a row too big for the budget is an error, not an OOM kill.
         let mem = TrainMemory::new(self.model, optim.gradient_checkpointing);
-        let budget = MemoryBudget::resolve(optim.memory_budget_gb, self.model.device());
+        let budget = match (optim.memory_budget_gb, self.budget) {
+            (None, Some(b)) => b,
+            _ => MemoryBudget::resolve(optim.memory_budget_gb, self.model.device()),
+        };
         let plan = plan(
             rollouts,
             &active,

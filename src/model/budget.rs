@@ -136,7 +136,7 @@ pub fn check_scoring(
 /// Bytes in a GB, the unit of `[optim] memory_budget_gb` and of the messages here.
 pub const GB: f64 = 1e9;
 
-/// Share of the host's available memory (MemAvailable, read when the update starts)
+/// Share of the host's available memory (MemAvailable, read once, at the run's first update)
 /// that a training micro-batch may take when `[optim] memory_budget_gb` is unset. The
 /// rest is headroom for the allocator, the sampler's next step and other processes.
 pub const DEFAULT_BUDGET_SHARE: f64 = 0.7;
