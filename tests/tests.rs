@@ -17,5 +17,6 @@ mod reliability;
 mod sample_model;
 mod sft;
 mod shared_prompt;
+mod postmortem;
 mod ticketmelt;
 mod whispers;
