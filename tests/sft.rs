@@ -37,6 +37,7 @@ fn row(prompt: &[u32], completion: &[u32]) -> Rollout {
         scalar: 0.0,
         advantage: 0.0,
         old_logp: None,
+        sampler_logp: None,
     }
 }
 
