@@ -6,7 +6,9 @@ use concord::envs::postmortem::episode::{Postmortem, MAX_STEPS};
 use concord::envs::postmortem::grader::{self, Item};
 use concord::envs::postmortem::scenario::{self, Scenario, LEVELS};
 use concord::envs::postmortem::{import, parse_action, policies, Action, PostmortemFactory, Rules};
-use concord::envs::{create, replay, sample_decision, score_decision, EnvFactory, Environment, Options};
+use concord::envs::{
+    create, replay, sample_decision, score_decision, EnvFactory, Environment, Options,
+};
 use proptest::prelude::*;
 use std::sync::Arc;
 
@@ -31,7 +33,13 @@ fn sc(level: &str) -> Scenario {
 }
 
 fn sections(v: [&str; 5]) -> [Option<String>; 5] {
-    v.map(|s| if s.is_empty() { None } else { Some(s.to_string()) })
+    v.map(|s| {
+        if s.is_empty() {
+            None
+        } else {
+            Some(s.to_string())
+        }
+    })
 }
 
 fn act(ep: &mut Postmortem, a: Action) -> (f64, bool, String) {
@@ -69,9 +77,19 @@ fn embedded_levels_validate_and_carry_their_traps() {
     assert_eq!(e.evidence[0].from, "02:14");
     assert_eq!(e.evidence[0].to, "02:17");
     assert_eq!(e.gold.hidden_timeline.len(), 4);
-    assert!(e.gold.action_themes.iter().any(|t| t.keywords.contains(&"gdpr".to_string())));
+    assert!(e
+        .gold
+        .action_themes
+        .iter()
+        .any(|t| t.keywords.contains(&"gdpr".to_string())));
     // The senior engineer is wrong twice.
-    assert_eq!(e.slack.iter().filter(|m| m.author.starts_with("karen")).count(), 2);
+    assert_eq!(
+        e.slack
+            .iter()
+            .filter(|m| m.author.starts_with("karen"))
+            .count(),
+        2
+    );
 }
 
 #[test]
@@ -109,9 +127,15 @@ fn root_cause_layers_and_false_cause_first() {
     assert_eq!(l2, 0.35);
     let (_, _, l3) = grader::root_cause_layers(&s, "the reconciliation batch");
     assert!(close(l3, 0.25 * 2.0 / 4.0));
-    let (l1, _, _) = grader::root_cause_layers(&s, "cdn-edge looked guilty, but inventory-worker held locks");
+    let (l1, _, _) = grader::root_cause_layers(
+        &s,
+        "cdn-edge looked guilty, but inventory-worker held locks",
+    );
     assert_eq!(l1, grader::RC_SERVICE_FALSE_FIRST);
-    let (l1, _, _) = grader::root_cause_layers(&s, "inventory-worker held locks; cdn-edge was a red herring");
+    let (l1, _, _) = grader::root_cause_layers(
+        &s,
+        "inventory-worker held locks; cdn-edge was a red herring",
+    );
     assert_eq!(l1, 0.40);
     // Whole names only: `inventory-worker2` is not the service.
     assert_eq!(grader::root_cause_layers(&s, "inventory-worker2").0, 0.0);
@@ -140,13 +164,25 @@ fn root_cause_caps() {
 fn timeline_tolerance_keywords_and_hidden_events() {
     let s = sc("easy"); // 5 visible + 1 hidden events
     let t = |text: &str| grader::timeline_score(&s, text);
-    assert!(close(t("08:43 deploy of v2.14.0"), 1.0 / 6.0), "3 minutes off counts");
+    assert!(
+        close(t("08:43 deploy of v2.14.0"), 1.0 / 6.0),
+        "3 minutes off counts"
+    );
     assert_eq!(t("08:44 deploy of v2.14.0"), 0.0, "4 minutes off does not");
     assert_eq!(t("08:40 something happened"), 0.0, "a keyword is needed");
-    assert!(close(t("08:55 connections not returned (leak)"), 1.0 / 6.0), "hidden events count");
+    assert!(
+        close(t("08:55 connections not returned (leak)"), 1.0 / 6.0),
+        "hidden events count"
+    );
     // One line matches one event.
-    assert!(close(t("09:13 alert 498 connections, latency timeout"), 1.0 / 6.0));
-    let full: String = s.all_events().map(|e| format!("{} {}\n", e.time, e.text)).collect();
+    assert!(close(
+        t("09:13 alert 498 connections, latency timeout"),
+        1.0 / 6.0
+    ));
+    let full: String = s
+        .all_events()
+        .map(|e| format!("{} {}\n", e.time, e.text))
+        .collect();
     assert_eq!(t(&full), 1.0);
 }
 
@@ -159,8 +195,16 @@ fn action_item_owner_due_and_themes() {
     assert!(!grader::due_ok(&s, "2026-04-03"), "31 days");
     assert!(!grader::due_ok(&s, "2026-03-03") && !grader::due_ok(&s, "2026-02-30"));
     assert!(grader::due_ok(&s, "2 weeks") && grader::due_ok(&s, "30 days"));
-    assert!(!grader::due_ok(&s, "5 weeks") && !grader::due_ok(&s, "0 days") && !grader::due_ok(&s, "soon"));
-    let it = |d: &str, o: &str, due: &str| Item { description: d.into(), owner: o.into(), due: due.into() };
+    assert!(
+        !grader::due_ok(&s, "5 weeks")
+            && !grader::due_ok(&s, "0 days")
+            && !grader::due_ok(&s, "soon")
+    );
+    let it = |d: &str, o: &str, due: &str| Item {
+        description: d.into(),
+        owner: o.into(),
+        due: due.into(),
+    };
     let items = [
         it("fix the refund leak", "orders-team", "2026-03-10"),
         it("add monitor on pool", "nobody", "2026-03-10"),
@@ -168,11 +212,17 @@ fn action_item_owner_due_and_themes() {
         it("whatever", "sre", "2 weeks"),
     ];
     let (o, d, th) = grader::action_item_parts(&s, &items, "");
-    assert!(close(o, 0.75) && close(d, 0.75) && close(th, 2.0 / 3.0), "{o} {d} {th}");
+    assert!(
+        close(o, 0.75) && close(d, 0.75) && close(th, 2.0 / 3.0),
+        "{o} {d} {th}"
+    );
     let (_, _, th) = grader::action_item_parts(&s, &[], "- run a canary");
     assert!(close(th, 1.0 / 3.0), "the section names themes too");
     let g = grader::grade(&s, &sections(["", "", "", "", ""]), &items, None);
-    assert!(close(g.action_items, 0.4 * 0.75 + 0.3 * 0.75 + 0.3 * 2.0 / 3.0));
+    assert!(close(
+        g.action_items,
+        0.4 * 0.75 + 0.3 * 0.75 + 0.3 * 2.0 / 3.0
+    ));
     assert_eq!(grader::action_item_parts(&s, &[], "").0, 0.0);
 }
 
@@ -198,10 +248,21 @@ fn completeness_and_section_validators() {
     let twelve = "one two three four five six seven eight nine ten eleven twelve";
     assert!(v(0, twelve) && !v(0, "too short"));
     assert!(v(1, "09:12 a\n09:14 b") && !v(1, "09:12 only one line"));
-    assert!(v(2, &format!("{twelve} orders-db")) && !v(2, twelve), "root_cause names a service");
-    assert!(v(3, &format!("{twelve} 5")) && !v(3, twelve), "impact quantifies");
+    assert!(
+        v(2, &format!("{twelve} orders-db")) && !v(2, twelve),
+        "root_cause names a service"
+    );
+    assert!(
+        v(3, &format!("{twelve} 5")) && !v(3, twelve),
+        "impact quantifies"
+    );
     assert!(v(4, "- add an alert") && !v(4, "- fix"));
-    let g = grader::grade(&s, &sections([twelve, "09:12 a\n09:14 b", "", "", "short"]), &[], None);
+    let g = grader::grade(
+        &s,
+        &sections([twelve, "09:12 a\n09:14 b", "", "", "short"]),
+        &[],
+        None,
+    );
     assert!(close(g.completeness, 0.4));
 }
 
@@ -210,10 +271,20 @@ fn review_bonus_counts_addressed_critiques() {
     let s = sc("easy");
     let none = sections(["", "", "", "", ""]);
     assert_eq!(grader::grade(&s, &none, &[], None).review_bonus, 0.0);
-    assert_eq!(grader::grade(&s, &none, &[], Some(&[])).review_bonus, grader::W_REVIEW);
+    assert_eq!(
+        grader::grade(&s, &none, &[], Some(&[])).review_bonus,
+        grader::W_REVIEW
+    );
     let raised = grader::failing_checks(&s, &none, &[]);
-    assert_eq!(raised.len(), grader::CHECKS.len(), "an empty draft fails every check");
-    assert_eq!(grader::grade(&s, &none, &[], Some(&raised)).review_bonus, 0.0);
+    assert_eq!(
+        raised.len(),
+        grader::CHECKS.len(),
+        "an empty draft fails every check"
+    );
+    assert_eq!(
+        grader::grade(&s, &none, &[], Some(&raised)).review_bonus,
+        0.0
+    );
     // Address only the impact duration.
     let fixed = sections(["", "", "", "lasted 29 minutes", ""]);
     let b = grader::grade(&s, &fixed, &[], Some(&raised)).review_bonus;
@@ -246,7 +317,10 @@ fn query_rewards_and_escalating_penalties() {
     let mut ep = fixed("easy");
     let (r, ok, _) = act(&mut ep, q("orders-api", "08:45", "09:05"));
     assert!(ok && close(r, 0.06));
-    assert!(ep.last_logs.iter().any(|l| l.message.contains("connection not returned to pool")));
+    assert!(ep
+        .last_logs
+        .iter()
+        .any(|l| l.message.contains("connection not returned to pool")));
     let (r, _, _) = act(&mut ep, q("orders-api", "08:40", "09:00"));
     assert_eq!(r, 0.0, "a found window pays once");
     // Overlap of 4 < 5 minutes is wrong.
@@ -285,18 +359,37 @@ fn query_rewards_and_escalating_penalties() {
     // The 3-minute window needs all 3 minutes.
     let mut ex = fixed("expert");
     assert!(act(&mut ex, q("api-gateway", "02:15", "02:30")).0 < 0.0);
-    assert!(close(act(&mut ex, q("api-gateway", "02:10", "02:20")).0, 0.06));
+    assert!(close(
+        act(&mut ex, q("api-gateway", "02:10", "02:20")).0,
+        0.06
+    ));
 }
 
 #[test]
 fn section_item_review_and_submit_rewards() {
     let mut ep = fixed("easy");
     let twelve = "one two three four five six seven eight nine ten eleven twelve";
-    let w = |s: usize, c: &str| Action::WriteSection { section: s, content: c.into() };
+    let w = |s: usize, c: &str| Action::WriteSection {
+        section: s,
+        content: c.into(),
+    };
     assert!(close(act(&mut ep, w(0, twelve)).0, 0.03));
-    assert!(close(act(&mut ep, w(0, twelve)).0, -0.02), "overwriting a valid section");
-    assert_eq!(act(&mut ep, w(3, "short")).0, 0.0, "invalid content earns nothing");
-    let (r, ok, _) = act(&mut ep, Action::ReviseSection { section: 4, content: "x y z".into() });
+    assert!(
+        close(act(&mut ep, w(0, twelve)).0, -0.02),
+        "overwriting a valid section"
+    );
+    assert_eq!(
+        act(&mut ep, w(3, "short")).0,
+        0.0,
+        "invalid content earns nothing"
+    );
+    let (r, ok, _) = act(
+        &mut ep,
+        Action::ReviseSection {
+            section: 4,
+            content: "x y z".into(),
+        },
+    );
     assert!(!ok && r == 0.0, "revising an unwritten section is refused");
     let item = |o: &str| Action::AssignActionItem {
         description: "fix the refund leak".into(),
@@ -308,7 +401,14 @@ fn section_item_review_and_submit_rewards() {
     assert_eq!(act(&mut ep, Action::RequestReview).0, 0.0);
     assert!(ep.last_result.starts_with("Review:"));
     assert_eq!(
-        act(&mut ep, Action::ReviseSection { section: 0, content: twelve.into() }).0,
+        act(
+            &mut ep,
+            Action::ReviseSection {
+                section: 0,
+                content: twelve.into()
+            }
+        )
+        .0,
         0.0,
         "no overwrite penalty after a review"
     );
@@ -336,7 +436,10 @@ fn step_rewards_sum_to_grade_plus_shaping_and_the_limit_submits() {
             steps += 1;
         }
         let r = env.reward(0);
-        assert!(close(sum, r.components["grade"] + r.components["shaping"]), "seed {seed}");
+        assert!(
+            close(sum, r.components["grade"] + r.components["shaping"]),
+            "seed {seed}"
+        );
         assert!(steps <= MAX_STEPS as usize);
     }
     // Never submitting: the 25th step submits with the missing-section penalty.
@@ -359,7 +462,10 @@ fn step_rewards_sum_to_grade_plus_shaping_and_the_limit_submits() {
         env.step(&[t]).unwrap();
     }
     let r = env.reward(0);
-    assert!(close(r.scalar, r.components["grade"] + r.components["shaping"]));
+    assert!(close(
+        r.scalar,
+        r.components["grade"] + r.components["shaping"]
+    ));
 }
 
 // ---------------------------------------------------------------------------------
@@ -375,10 +481,18 @@ fn oracle_random_and_query_everything_baselines() {
         let f = create("postmortem", &opts(&[("source", source.into())])).unwrap();
         for l in LEVELS {
             let o = row(f.as_ref(), "oracle", l, 40);
-            assert!(o.mean_reward >= 0.95, "oracle {source} {l}: {}", o.mean_reward);
+            assert!(
+                o.mean_reward >= 0.95,
+                "oracle {source} {l}: {}",
+                o.mean_reward
+            );
             assert_eq!(o.level.as_deref(), Some(l));
             let r = row(f.as_ref(), "random", l, 200);
-            assert!(r.mean_reward < 0.3, "random {source} {l}: {}", r.mean_reward);
+            assert!(
+                r.mean_reward < 0.3,
+                "random {source} {l}: {}",
+                r.mean_reward
+            );
             let q = row(f.as_ref(), "query_everything", l, 40);
             assert!(q.extra["shaping"] < -1.0, "{source} {l}: {:?}", q.extra);
             assert!(q.extra["wrong_queries"] > q.extra["correct_queries"]);
@@ -388,7 +502,10 @@ fn oracle_random_and_query_everything_baselines() {
     // Scored on the return, query_everything loses to the oracle everywhere.
     let f = create("postmortem", &opts(&[("reward", "return".into())])).unwrap();
     for l in LEVELS {
-        assert!(row(f.as_ref(), "query_everything", l, 20).mean_reward < row(f.as_ref(), "oracle", l, 20).mean_reward - 1.0);
+        assert!(
+            row(f.as_ref(), "query_everything", l, 20).mean_reward
+                < row(f.as_ref(), "oracle", l, 20).mean_reward - 1.0
+        );
     }
 }
 
@@ -397,15 +514,33 @@ fn oracle_random_and_query_everything_baselines() {
 
 #[test]
 fn parser_accepts_the_documented_forms() {
-    let a = parse_action(r#"{"action":"QUERY_LOGS","service":"orders-api","from":"08:40","to":"09:00"}"#).unwrap();
+    let a = parse_action(
+        r#"{"action":"QUERY_LOGS","service":"orders-api","from":"08:40","to":"09:00"}"#,
+    )
+    .unwrap();
     assert_eq!(a, q("orders-api", "08:40", "09:00"));
     let long = r#"Sure! ```json
 {"action_type": "query_logs", "query_service": "orders-api", "query_from": "2026-03-03T08:40:00Z", "query_to": "09:00"}
 ```"#;
-    assert_eq!(parse_action(long).unwrap(), q("orders-api", "08:40", "09:00"));
-    let w = parse_action(r#"{"ACTION":"write_section","section_name":"Root Cause","section_content":"x"}"#).unwrap();
-    assert_eq!(w, Action::WriteSection { section: 2, content: "x".into() });
-    assert_eq!(parse_action(r#"{"action":"SUBMIT"}"#).unwrap(), Action::Submit);
+    assert_eq!(
+        parse_action(long).unwrap(),
+        q("orders-api", "08:40", "09:00")
+    );
+    let w = parse_action(
+        r#"{"ACTION":"write_section","section_name":"Root Cause","section_content":"x"}"#,
+    )
+    .unwrap();
+    assert_eq!(
+        w,
+        Action::WriteSection {
+            section: 2,
+            content: "x".into()
+        }
+    );
+    assert_eq!(
+        parse_action(r#"{"action":"SUBMIT"}"#).unwrap(),
+        Action::Submit
+    );
     for bad in [
         "",
         "SUBMIT",
@@ -425,7 +560,15 @@ fn parser_accepts_the_documented_forms() {
 }
 
 fn weird_text() -> impl Strategy<Value = String> {
-    let actions = ["QUERY_LOGS", "WRITE_SECTION", "REVISE_SECTION", "ASSIGN_ACTION_ITEM", "REQUEST_REVIEW", "SUBMIT", "query logs"];
+    let actions = [
+        "QUERY_LOGS",
+        "WRITE_SECTION",
+        "REVISE_SECTION",
+        "ASSIGN_ACTION_ITEM",
+        "REQUEST_REVIEW",
+        "SUBMIT",
+        "query logs",
+    ];
     prop_oneof![
         any::<String>(),
         ".{0,200}",
@@ -502,21 +645,38 @@ fn same_seed_same_episode_and_replay() {
         assert_eq!(r.reward(0), a.reward(0));
     }
     // Different seeds give different scenarios.
-    let ids: std::collections::BTreeSet<String> =
-        (0..20).map(|s| f.reset(s).transcript()["scenario"].as_str().unwrap().to_string()).collect();
+    let ids: std::collections::BTreeSet<String> = (0..20)
+        .map(|s| {
+            f.reset(s).transcript()["scenario"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        })
+        .collect();
     assert!(ids.len() > 4);
 }
 
 #[test]
 fn policy_reviewer_takes_a_turn_and_is_scored_by_f1() {
-    let f = create("postmortem", &opts(&[("reviewer", "policy".into()), ("source", "fixed".into()), ("level", "easy".into())])).unwrap();
+    let f = create(
+        "postmortem",
+        &opts(&[
+            ("reviewer", "policy".into()),
+            ("source", "fixed".into()),
+            ("level", "easy".into()),
+        ]),
+    )
+    .unwrap();
     let mut env = f.reset(0);
     assert_eq!(env.policy_seats(), vec![0, 1]);
-    env.step(&[r#"{"action":"REQUEST_REVIEW"}"#.to_string()]).unwrap();
+    env.step(&[r#"{"action":"REQUEST_REVIEW"}"#.to_string()])
+        .unwrap();
     assert_eq!(env.to_act(), vec![1]);
     assert!(env.observation(1)[1].content.contains("CRITIQUES"));
     // Raise half of the six failing checks.
-    let out = env.step(&[r#"{"critiques":["evidence","timeline","themes","bogus"]}"#.to_string()]).unwrap();
+    let out = env
+        .step(&[r#"{"critiques":["evidence","timeline","themes","bogus"]}"#.to_string()])
+        .unwrap();
     assert_eq!(out.seats, vec![1]);
     assert!(!out.valid[0] && out.feedback[0].contains("bogus"));
     assert_eq!(env.to_act(), vec![0]);
@@ -524,7 +684,10 @@ fn policy_reviewer_takes_a_turn_and_is_scored_by_f1() {
     env.step(&[r#"{"action":"SUBMIT"}"#.to_string()]).unwrap();
     let r = env.reward(1);
     assert!(close(r.components["review_f1"], 2.0 * 3.0 / 9.0), "{r:?}");
-    assert!(close(r.scalar, 0.5 * r.components["review_f1"] + 0.5 * env.reward(0).scalar));
+    assert!(close(
+        r.scalar,
+        0.5 * r.components["review_f1"] + 0.5 * env.reward(0).scalar
+    ));
 }
 
 #[test]
@@ -545,10 +708,27 @@ fn decisions_score_through_the_continuation() {
     // Finding the evidence lets the continuation name the true cause.
     let ep = factory(&[("level", "hard".into()), ("source", "fixed".into())]).episode(0);
     let env: Box<dyn Environment> = Box::new(ep);
-    let d = concord::envs::Decision { messages: env.observation(0), env, seat: 0, seed: 0, step: 0 };
-    let found = score_decision(&d, r#"{"action":"QUERY_LOGS","service":"inventory-worker","from":"21:58","to":"22:08"}"#);
-    let wrong = score_decision(&d, r#"{"action":"QUERY_LOGS","service":"cdn-edge","from":"22:05","to":"22:20"}"#);
-    assert!(found.scalar > wrong.scalar + 0.2, "{} vs {}", found.scalar, wrong.scalar);
+    let d = concord::envs::Decision {
+        messages: env.observation(0),
+        env,
+        seat: 0,
+        seed: 0,
+        step: 0,
+    };
+    let found = score_decision(
+        &d,
+        r#"{"action":"QUERY_LOGS","service":"inventory-worker","from":"21:58","to":"22:08"}"#,
+    );
+    let wrong = score_decision(
+        &d,
+        r#"{"action":"QUERY_LOGS","service":"cdn-edge","from":"22:05","to":"22:20"}"#,
+    );
+    assert!(
+        found.scalar > wrong.scalar + 0.2,
+        "{} vs {}",
+        found.scalar,
+        wrong.scalar
+    );
 }
 
 #[test]
@@ -562,13 +742,21 @@ fn options_validate() {
         ("continuation", "psychic".into()),
         ("win_threshold", 2.into()),
     ] {
-        let e = Rules::from_options(&opts(&[(k, v)])).unwrap_err().to_string();
-        assert!(e.contains(k) || e.contains("legendary") || e.contains("psychic"), "{e}");
+        let e = Rules::from_options(&opts(&[(k, v)]))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains(k) || e.contains("legendary") || e.contains("psychic"),
+            "{e}"
+        );
     }
-    let e = PostmortemFactory::new(&opts(&[("files", toml::Value::Array(vec!["/nonexistent.json".into()]))]))
-        .err()
-        .unwrap()
-        .to_string();
+    let e = PostmortemFactory::new(&opts(&[(
+        "files",
+        toml::Value::Array(vec!["/nonexistent.json".into()]),
+    )]))
+    .err()
+    .unwrap()
+    .to_string();
     assert!(e.contains("/nonexistent.json"), "{e}");
 }
 
@@ -581,7 +769,8 @@ fn fixture() -> std::path::PathBuf {
 
 #[test]
 fn pagerduty_import_of_the_fixture() {
-    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(fixture()).unwrap()).unwrap();
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(fixture()).unwrap()).unwrap();
     let s = import::from_pagerduty(&v).unwrap();
     assert_eq!(s.id, "pd-48213");
     assert_eq!(s.level, "imported");
@@ -598,9 +787,25 @@ fn pagerduty_import_of_the_fixture() {
     // Through the CLI, then played from disk with the `files` option.
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("pd.json");
-    let msg = concord_ok(&["envs", "import", "postmortem", "--from", "pagerduty", fixture().to_str().unwrap(), "--out", out.to_str().unwrap()]);
+    let msg = concord_ok(&[
+        "envs",
+        "import",
+        "postmortem",
+        "--from",
+        "pagerduty",
+        fixture().to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ]);
     assert!(msg.contains("pd-48213"), "{msg}");
-    let f = create("postmortem", &opts(&[("files", toml::Value::Array(vec![out.to_str().unwrap().into()]))])).unwrap();
+    let f = create(
+        "postmortem",
+        &opts(&[(
+            "files",
+            toml::Value::Array(vec![out.to_str().unwrap().into()]),
+        )]),
+    )
+    .unwrap();
     assert_eq!(f.pools(), vec!["imported"]);
     let o = f.baseline("oracle", "imported", 10, 0).unwrap();
     assert!(o.mean_reward >= 0.95, "{}", o.mean_reward);
@@ -610,23 +815,75 @@ fn pagerduty_import_of_the_fixture() {
 #[test]
 fn cli_describe_play_baseline_bench() {
     let out = concord_ok(&["envs", "describe", "postmortem"]);
-    assert!(out.contains("QUERY_LOGS") && out.contains("REVISE_SECTION") && out.contains("0.30 root cause"));
-    assert!(concord_ok(&["envs", "list"]).lines().any(|l| l.starts_with("postmortem") && !l.contains("not built")));
+    assert!(
+        out.contains("QUERY_LOGS")
+            && out.contains("REVISE_SECTION")
+            && out.contains("0.30 root cause")
+    );
+    assert!(concord_ok(&["envs", "list"])
+        .lines()
+        .any(|l| l.starts_with("postmortem") && !l.contains("not built")));
     for policy in ["oracle", "random", "query_everything"] {
-        let out = concord_ok(&["envs", "play", "postmortem", "--seed", "5", "--policy", policy]);
+        let out = concord_ok(&[
+            "envs",
+            "play",
+            "postmortem",
+            "--seed",
+            "5",
+            "--policy",
+            policy,
+        ]);
         assert!(out.contains("== rewards =="), "{out}");
     }
     let out = concord_ok(&["envs", "play", "postmortem", "--seed", "5"]);
     assert!(out.contains("seat 0: scalar"));
-    let out = concord_ok(&["envs", "baseline", "postmortem", "--json", "--episodes", "5"]);
+    let out = concord_ok(&[
+        "envs",
+        "baseline",
+        "postmortem",
+        "--json",
+        "--episodes",
+        "5",
+    ]);
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     let rows = v["rows"].as_array().unwrap();
     assert_eq!(rows.len(), 16);
     for r in rows {
-        assert!(r["policy"].is_string() && r["level"].is_string() && r["mean_reward"].is_f64(), "{r}");
+        assert!(
+            r["policy"].is_string() && r["level"].is_string() && r["mean_reward"].is_f64(),
+            "{r}"
+        );
         assert_eq!(r["episodes"], 5);
     }
     let out = concord_ok(&["envs", "bench", "postmortem", "--json", "--secs", "0.05"]);
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert!(v["episodes_per_s"].as_f64().unwrap() > 0.0, "{v}");
+}
+
+/// `concord train --config configs/postmortem-smoke.toml` end to end (decision mode,
+/// tiny model), with the output in a temp dir.
+#[test]
+fn smoke_config_trains() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("configs/postmortem-smoke.toml");
+    concord::grpo::trainer::run_train(concord::grpo::trainer::TrainOptions {
+        config: Some(cfg),
+        sets: vec![
+            format!("run.output_dir={}", dir.path().display()),
+            format!("model.name={}", dir.path().join("tiny").display()),
+        ],
+        resume: None,
+        overwrite: false,
+    })
+    .unwrap();
+    let log =
+        std::fs::read_to_string(dir.path().join("postmortem-smoke/training_log.csv")).unwrap();
+    let mut lines = log.lines();
+    let header = lines.next().unwrap();
+    assert!(
+        header.contains("rewards/grade") && header.contains("rewards/timeline"),
+        "{header}"
+    );
+    assert_eq!(lines.count(), 2);
 }

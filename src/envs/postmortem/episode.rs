@@ -94,7 +94,8 @@ impl Postmortem {
             rewarded_items: 0,
             reviews: Vec::new(),
             pending_review: false,
-            last_result: "Episode started. Investigate, write the five sections, then SUBMIT.".into(),
+            last_result: "Episode started. Investigate, write the five sections, then SUBMIT."
+                .into(),
             last_logs: Vec::new(),
             evidence_seen: Vec::new(),
             shaping: 0.0,
@@ -127,7 +128,12 @@ impl Postmortem {
     /// The grade of the draft as it stands.
     pub fn current_grade(&self) -> Grade {
         let raised = self.raised();
-        grader::grade(&self.scenario, &self.sections, &self.items, raised.as_deref())
+        grader::grade(
+            &self.scenario,
+            &self.sections,
+            &self.items,
+            raised.as_deref(),
+        )
     }
 
     fn penalty(&self) -> f64 {
@@ -188,8 +194,9 @@ impl Postmortem {
         if !self.done && self.step >= MAX_STEPS {
             let p = self.submit_penalty();
             r += self.shaped(p);
-            self.last_result
-                .push_str(&format!(" | step limit {MAX_STEPS} reached: submitted automatically"));
+            self.last_result.push_str(&format!(
+                " | step limit {MAX_STEPS} reached: submitted automatically"
+            ));
             self.finish();
         }
         self.shaping += r;
@@ -238,7 +245,10 @@ impl Postmortem {
                     problems.push("description under 3 words".to_string());
                 }
                 if !grader::owner_ok(sc, owner) {
-                    problems.push(format!("owner `{owner}` is not a known team ({})", sc.gold.teams.join(", ")));
+                    problems.push(format!(
+                        "owner `{owner}` is not a known team ({})",
+                        sc.gold.teams.join(", ")
+                    ));
                 }
                 if !grader::due_ok(sc, due) {
                     problems.push(format!(
@@ -278,7 +288,8 @@ impl Postmortem {
                         raised: Vec::new(),
                         scripted,
                     });
-                    self.last_result = "Review requested; the reviewer is reading the draft.".into();
+                    self.last_result =
+                        "Review requested; the reviewer is reading the draft.".into();
                 } else {
                     self.last_result = review_text(&scripted);
                     self.reviews.push(ReviewRecord {
@@ -384,7 +395,7 @@ impl Postmortem {
         self.sections[section] = Some(content.to_string());
         let now = grader::validate_section(&self.scenario, section, content);
         let mut r = 0.0;
-        if was_valid && !(revise && !self.reviews.is_empty()) {
+        if was_valid && (!revise || self.reviews.is_empty()) {
             r += R_OVERWRITE;
         }
         match now {
@@ -442,7 +453,11 @@ impl Postmortem {
 
 /// `evidence, false_cause, ...`
 pub fn check_ids() -> String {
-    grader::CHECKS.iter().map(|c| c.0).collect::<Vec<_>>().join(", ")
+    grader::CHECKS
+        .iter()
+        .map(|c| c.0)
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// What the writer is told after a review.

@@ -5,22 +5,23 @@
 //! - **root_cause** = service (0.40 when the root_cause section names the true service;
 //!   0.15 when a planted false cause is named before it; 0 when absent) + category
 //!   (0.35 when any category term appears) + keywords (0.25 x share of the gold
-//!   keywords present). Caps: a wrong service (service part 0) caps it at 0.65 (with
-//!   these layer weights it cannot exceed 0.60 anyway: the cap only binds for custom
-//!   weights); a timeline score under 0.4 caps it at 0.60.
-//! All keyword tests are case-insensitive whole-word matches ([`has_word`]).
+//!   keywords present). Caps: a wrong service (service part 0) caps it at 0.65 (kept
+//!   from the original; with these layer weights a wrong service scores at most 0.60,
+//!   so it never binds); a timeline score under 0.4 caps it at 0.60.
 //! - **timeline** = share of gold events (visible and hidden) matched by a line of the
 //!   timeline section whose first `HH:MM` is within +-3 minutes and which contains one
 //!   of the event's keywords; a line matches at most one event.
-//! - **action_items** = 0.4 x share of assigned items whose owner is a known team
-//!   + 0.3 x share with a valid due date + 0.3 x share of gold themes named by an item
-//!   or the action_items section.
+//! - **action_items** = 0.4 x share of assigned items whose owner is a known team,
+//!   plus 0.3 x share with a valid due date, plus 0.3 x share of gold themes named by
+//!   an item or the action_items section.
 //! - **impact** = 0.25 each: at least 25 words; names an affected service; states the
 //!   duration (`N min`/`N minutes`/`N hours`, within max(5 min, 10%)); names the scale
 //!   (any gold scale term).
 //! - **completeness** = share of the five sections that are valid.
 //! - **review_bonus** = 0.10 x share of the review's critiques addressed at submit (all
 //!   addressed when the review raised none); 0 without a review.
+//!
+//! All keyword tests are case-insensitive whole-word matches ([`has_word`]).
 
 use super::scenario::{parse_date, parse_hhmm, time_spans, Scenario, SECTIONS};
 use std::collections::BTreeMap;
@@ -109,7 +110,12 @@ impl Grade {
 pub type Review<'a> = Option<&'a [usize]>;
 
 /// Grade a draft.
-pub fn grade(sc: &Scenario, sections: &[Option<String>; 5], items: &[Item], review: Review) -> Grade {
+pub fn grade(
+    sc: &Scenario,
+    sections: &[Option<String>; 5],
+    items: &[Item],
+    review: Review,
+) -> Grade {
     let mut g = Grade::default();
     let text = |i: usize| sections[i].as_deref().unwrap_or("");
     g.timeline = timeline_score(sc, text(1));
@@ -127,7 +133,11 @@ pub fn grade(sc: &Scenario, sections: &[Option<String>; 5], items: &[Item], revi
     g.action_items = 0.4 * o + 0.3 * d + 0.3 * t;
     g.impact = impact_score(sc, text(3));
     g.completeness = (0..5)
-        .filter(|&i| sections[i].as_deref().is_some_and(|s| validate_section(sc, i, s).is_ok()))
+        .filter(|&i| {
+            sections[i]
+                .as_deref()
+                .is_some_and(|s| validate_section(sc, i, s).is_ok())
+        })
         .count() as f64
         / 5.0;
     g.review_bonus = match review {
@@ -180,7 +190,12 @@ pub fn check(sc: &Scenario, c: usize, sections: &[Option<String>; 5], items: &[I
         1 => root_cause_layers(sc, text(2)).0 == RC_SERVICE,
         2 => timeline_score(sc, text(1)) >= 0.8,
         3 => states_duration(text(3), sc.gold.impact.duration_minutes),
-        4 => !items.is_empty() && items.iter().all(|it| owner_ok(sc, &it.owner) && due_ok(sc, &it.due)),
+        4 => {
+            !items.is_empty()
+                && items
+                    .iter()
+                    .all(|it| owner_ok(sc, &it.owner) && due_ok(sc, &it.due))
+        }
         5 => action_item_parts(sc, items, text(4)).2 >= 1.0,
         _ => true,
     }
@@ -204,13 +219,19 @@ pub fn validate_section(sc: &Scenario, section: usize, content: &str) -> Result<
         if n >= min {
             Ok(())
         } else {
-            Err(format!("{} needs at least {min} words (has {n})", SECTIONS[section]))
+            Err(format!(
+                "{} needs at least {min} words (has {n})",
+                SECTIONS[section]
+            ))
         }
     };
     match section {
         0 => need(12),
         1 => {
-            let lines = content.lines().filter(|l| !time_spans(l).is_empty()).count();
+            let lines = content
+                .lines()
+                .filter(|l| !time_spans(l).is_empty())
+                .count();
             if lines >= 2 {
                 Ok(())
             } else {
@@ -220,7 +241,11 @@ pub fn validate_section(sc: &Scenario, section: usize, content: &str) -> Result<
         2 => {
             need(12)?;
             let lower = content.to_lowercase();
-            if sc.services.iter().any(|s| find_service(&lower, &s.name).is_some()) {
+            if sc
+                .services
+                .iter()
+                .any(|s| find_service(&lower, &s.name).is_some())
+            {
                 Ok(())
             } else {
                 Err("root_cause must name a service of the dependency graph".into())
@@ -275,7 +300,8 @@ pub fn find_service(lower: &str, service: &str) -> Option<usize> {
     if s.is_empty() {
         return None;
     }
-    let boundary = |c: Option<char>| !c.is_some_and(|c| c.is_alphanumeric() || c == '-' || c == '_');
+    let boundary =
+        |c: Option<char>| !c.is_some_and(|c| c.is_alphanumeric() || c == '-' || c == '_');
     let mut from = 0;
     while let Some(i) = lower[from..].find(&s) {
         let at = from + i;
@@ -314,11 +340,7 @@ pub fn root_cause_layers(sc: &Scenario, text: &str) -> (f64, f64, f64) {
     } else {
         0.0
     };
-    let hit = rc
-        .keywords
-        .iter()
-        .filter(|k| has_word(&lower, k))
-        .count();
+    let hit = rc.keywords.iter().filter(|k| has_word(&lower, k)).count();
     let l3 = RC_KEYWORDS * hit as f64 / rc.keywords.len().max(1) as f64;
     (l1, l2, l3)
 }
@@ -334,7 +356,9 @@ pub fn timeline_score(sc: &Scenario, text: &str) -> f64 {
     let mut total = 0usize;
     for e in sc.all_events() {
         total += 1;
-        let Some(et) = parse_hhmm(&e.time) else { continue };
+        let Some(et) = parse_hhmm(&e.time) else {
+            continue;
+        };
         let found = lines.iter().enumerate().position(|(i, (t, l))| {
             !used[i]
                 && t.abs_diff(et) <= TIMELINE_TOLERANCE_MIN
@@ -366,7 +390,9 @@ pub fn due_ok(sc: &Scenario, due: &str) -> bool {
     let (Some(n), Some(unit), None) = (it.next(), it.next(), it.next()) else {
         return false;
     };
-    let Ok(n) = n.parse::<i64>() else { return false };
+    let Ok(n) = n.parse::<i64>() else {
+        return false;
+    };
     let days = match unit.trim_end_matches('s') {
         "day" => n,
         "week" => n * 7,
@@ -435,7 +461,9 @@ pub fn impact_score(sc: &Scenario, text: &str) -> f64 {
     let imp = &sc.gold.impact;
     let parts = [
         words(text) >= 25,
-        imp.services.iter().any(|s| find_service(&lower, s).is_some()),
+        imp.services
+            .iter()
+            .any(|s| find_service(&lower, s).is_some()),
         states_duration(text, imp.duration_minutes),
         imp.scale.iter().any(|s| has_word(&lower, s)),
     ];

@@ -52,7 +52,9 @@ fn long_words(text: &str, n: usize, skip: &[String]) -> Vec<String> {
     out
 }
 
-const STOP: &[&str] = &["which", "there", "their", "about", "after", "before", "cause", "because", "while", "would"];
+const STOP: &[&str] = &[
+    "which", "there", "their", "about", "after", "before", "cause", "because", "while", "would",
+];
 
 /// Convert a PagerDuty export to a validated scenario.
 pub fn from_pagerduty(export: &Value) -> anyhow::Result<Scenario> {
@@ -60,16 +62,23 @@ pub fn from_pagerduty(export: &Value) -> anyhow::Result<Scenario> {
         .get("incident")
         .ok_or_else(|| anyhow::anyhow!("not a PagerDuty incident export: no `incident` object"))?;
     let created = s(inc, &["created_at"]);
-    let (date, start) = when(created)
-        .ok_or_else(|| anyhow::anyhow!("incident.created_at `{created}` is not an ISO-8601 UTC time"))?;
+    let (date, start) = when(created).ok_or_else(|| {
+        anyhow::anyhow!("incident.created_at `{created}` is not an ISO-8601 UTC time")
+    })?;
     let resolved = [s(inc, &["resolved_at"]), s(inc, &["last_status_change_at"])]
         .into_iter()
         .find_map(when)
         .map(|(_, t)| t)
         .unwrap_or(start + 30);
     let main_service = s(inc, &["service", "summary"]).to_string();
-    anyhow::ensure!(!main_service.is_empty(), "incident.service.summary is missing");
-    let number = inc.get("incident_number").map(|n| n.to_string()).unwrap_or_else(|| s(inc, &["id"]).to_string());
+    anyhow::ensure!(
+        !main_service.is_empty(),
+        "incident.service.summary is missing"
+    );
+    let number = inc
+        .get("incident_number")
+        .map(|n| n.to_string())
+        .unwrap_or_else(|| s(inc, &["id"]).to_string());
     let empty = Vec::new();
     let arr = |k: &str| export.get(k).and_then(Value::as_array).unwrap_or(&empty);
 
@@ -77,7 +86,9 @@ pub fn from_pagerduty(export: &Value) -> anyhow::Result<Scenario> {
     let mut alerts = Vec::new();
     let mut alert_list: Vec<(u32, String, String, Vec<String>)> = Vec::new();
     for a in arr("alerts") {
-        let Some((_, t)) = when(s(a, &["created_at"])) else { continue };
+        let Some((_, t)) = when(s(a, &["created_at"])) else {
+            continue;
+        };
         let svc = match s(a, &["service", "summary"]) {
             "" => main_service.clone(),
             x => x.to_string(),
@@ -89,11 +100,25 @@ pub fn from_pagerduty(export: &Value) -> anyhow::Result<Scenario> {
         let details: Vec<String> = a
             .pointer("/body/details")
             .and_then(Value::as_object)
-            .map(|o| o.iter().map(|(k, v)| format!("{k}: {}", v.as_str().map(str::to_string).unwrap_or_else(|| v.to_string()))).collect())
+            .map(|o| {
+                o.iter()
+                    .map(|(k, v)| {
+                        format!(
+                            "{k}: {}",
+                            v.as_str()
+                                .map(str::to_string)
+                                .unwrap_or_else(|| v.to_string())
+                        )
+                    })
+                    .collect()
+            })
             .unwrap_or_default();
         alerts.push(Alert {
             time: hhmm(t),
-            severity: match s(a, &["severity"]) { "" => "warning".into(), x => x.to_string() },
+            severity: match s(a, &["severity"]) {
+                "" => "warning".into(),
+                x => x.to_string(),
+            },
             service: svc.clone(),
             message: summary.clone(),
         });
@@ -105,16 +130,25 @@ pub fn from_pagerduty(export: &Value) -> anyhow::Result<Scenario> {
     let mut themes = Vec::new();
     let mut scale = Vec::new();
     for n in arr("notes") {
-        let Some((_, t)) = when(s(n, &["created_at"])) else { continue };
+        let Some((_, t)) = when(s(n, &["created_at"])) else {
+            continue;
+        };
         let content = s(n, &["content"]).trim().to_string();
-        slack.push(SlackMessage { time: hhmm(t), author: s(n, &["user", "summary"]).to_string(), text: content.clone() });
+        slack.push(SlackMessage {
+            time: hhmm(t),
+            author: s(n, &["user", "summary"]).to_string(),
+            text: content.clone(),
+        });
         let lower = content.to_lowercase();
         if let Some(rest) = lower.strip_prefix("root cause:") {
             root_note = rest.trim().to_string();
         } else if let Some(rest) = lower.strip_prefix("action item:") {
             let kw = long_words(rest, 2, &[]);
             if !kw.is_empty() {
-                themes.push(Theme { name: rest.trim().to_string(), keywords: kw });
+                themes.push(Theme {
+                    name: rest.trim().to_string(),
+                    keywords: kw,
+                });
             }
         }
         for w in content.split_whitespace() {
@@ -127,7 +161,9 @@ pub fn from_pagerduty(export: &Value) -> anyhow::Result<Scenario> {
         }
     }
     for e in arr("log_entries") {
-        let Some((_, t)) = when(s(e, &["created_at"])) else { continue };
+        let Some((_, t)) = when(s(e, &["created_at"])) else {
+            continue;
+        };
         let kind = s(e, &["type"]);
         let kw: &[&str] = match kind {
             "trigger_log_entry" => &["triggered", "alert"],
@@ -135,7 +171,11 @@ pub fn from_pagerduty(export: &Value) -> anyhow::Result<Scenario> {
             "escalate_log_entry" => &["escalated"],
             "resolve_log_entry" => &["resolved"],
             "annotate_log_entry" => {
-                slack.push(SlackMessage { time: hhmm(t), author: s(e, &["agent", "summary"]).to_string(), text: s(e, &["summary"]).to_string() });
+                slack.push(SlackMessage {
+                    time: hhmm(t),
+                    author: s(e, &["agent", "summary"]).to_string(),
+                    text: s(e, &["summary"]).to_string(),
+                });
                 continue;
             }
             _ => continue,
@@ -156,7 +196,11 @@ pub fn from_pagerduty(export: &Value) -> anyhow::Result<Scenario> {
     alerts.sort_by_key(|a| parse_hhmm(&a.time));
     timeline.sort_by_key(|e| parse_hhmm(&e.time));
     if timeline.is_empty() {
-        timeline.push(GoldEvent { time: hhmm(start), text: format!("alert triggered: {}", s(inc, &["title"])), keywords: vec!["triggered".into()] });
+        timeline.push(GoldEvent {
+            time: hhmm(start),
+            text: format!("alert triggered: {}", s(inc, &["title"])),
+            keywords: vec!["triggered".into()],
+        });
     }
     let lower_note = root_note.to_lowercase();
     let rc_service = services
@@ -168,7 +212,10 @@ pub fn from_pagerduty(export: &Value) -> anyhow::Result<Scenario> {
     let svc_lower: Vec<String> = services.iter().map(|x| x.to_lowercase()).collect();
     let words = long_words(&root_note, 7, &svc_lower);
     let (cat, kws) = if words.len() >= 2 {
-        (words[..words.len().min(3)].to_vec(), words[words.len().min(3)..].to_vec())
+        (
+            words[..words.len().min(3)].to_vec(),
+            words[words.len().min(3)..].to_vec(),
+        )
     } else {
         (vec!["failure".to_string()], vec![])
     };
@@ -178,9 +225,19 @@ pub fn from_pagerduty(export: &Value) -> anyhow::Result<Scenario> {
         if *svc != rc_service {
             continue;
         }
-        let mut logs = vec![LogLine { time: hhmm(*t), service: svc.clone(), level: "ALERT".into(), message: summary.clone() }];
+        let mut logs = vec![LogLine {
+            time: hhmm(*t),
+            service: svc.clone(),
+            level: "ALERT".into(),
+            message: summary.clone(),
+        }];
         for d in details {
-            logs.push(LogLine { time: hhmm(*t), service: svc.clone(), level: "DETAIL".into(), message: d.clone() });
+            logs.push(LogLine {
+                time: hhmm(*t),
+                service: svc.clone(),
+                level: "DETAIL".into(),
+                message: d.clone(),
+            });
         }
         evidence.push(EvidenceWindow {
             service: svc.clone(),
@@ -200,14 +257,25 @@ pub fn from_pagerduty(export: &Value) -> anyhow::Result<Scenario> {
             from: hhmm(start.saturating_sub(10)),
             to: hhmm((start + 5).min(1439)),
             overlap_required_minutes: 5,
-            logs: vec![LogLine { time: hhmm(start), service: rc_service.clone(), level: "ALERT".into(), message: s(inc, &["title"]).to_string() }],
+            logs: vec![LogLine {
+                time: hhmm(start),
+                service: rc_service.clone(),
+                level: "ALERT".into(),
+                message: s(inc, &["title"]).to_string(),
+            }],
             key_evidence: vec![s(inc, &["title"]).to_string()],
         });
     }
     if themes.is_empty() {
         themes = vec![
-            Theme { name: "improve monitoring and alerting".into(), keywords: vec!["monitor".into(), "alert".into()] },
-            Theme { name: "update the runbook".into(), keywords: vec!["runbook".into()] },
+            Theme {
+                name: "improve monitoring and alerting".into(),
+                keywords: vec!["monitor".into(), "alert".into()],
+            },
+            Theme {
+                name: "update the runbook".into(),
+                keywords: vec!["runbook".into()],
+            },
         ];
     }
     let mut teams: Vec<String> = inc
@@ -238,29 +306,55 @@ pub fn from_pagerduty(export: &Value) -> anyhow::Result<Scenario> {
         date,
         alerts,
         slack,
-        services: services.iter().map(|n| ServiceNode { name: n.clone(), depends_on: vec![] }).collect(),
+        services: services
+            .iter()
+            .map(|n| ServiceNode {
+                name: n.clone(),
+                depends_on: vec![],
+            })
+            .collect(),
         relevant_services: vec![rc_service.clone()],
         evidence,
         noise_logs: vec![],
         gold: Gold {
-            root_cause: RootCause { service: rc_service, category: cat[0].clone(), category_terms: cat, keywords },
+            root_cause: RootCause {
+                service: rc_service,
+                category: cat[0].clone(),
+                category_terms: cat,
+                keywords,
+            },
             timeline,
             hidden_timeline: vec![],
             action_themes: themes,
             teams,
             due_within_days: 30,
-            impact: Impact { duration_minutes: resolved.saturating_sub(start).max(1), services: impact_services, scale },
+            impact: Impact {
+                duration_minutes: resolved.saturating_sub(start).max(1),
+                services: impact_services,
+                scale,
+            },
             false_causes: vec![],
         },
-        limits: Limits { max_queries: 8, penalties: vec![0.05, 0.08, 0.12, 0.18] },
+        limits: Limits {
+            max_queries: 8,
+            penalties: vec![0.05, 0.08, 0.12, 0.18],
+        },
     };
-    sc.validate().map_err(|e| anyhow::anyhow!("the converted scenario is invalid: {e}"))?;
+    sc.validate()
+        .map_err(|e| anyhow::anyhow!("the converted scenario is invalid: {e}"))?;
     Ok(sc)
 }
 
 /// The CLI's entry: read `file`, convert, write `out` (pretty JSON).
-pub fn import_file(from: &str, file: &std::path::Path, out: &std::path::Path) -> anyhow::Result<Scenario> {
-    anyhow::ensure!(from == "pagerduty", "unknown import format `{from}`; formats: pagerduty");
+pub fn import_file(
+    from: &str,
+    file: &std::path::Path,
+    out: &std::path::Path,
+) -> anyhow::Result<Scenario> {
+    anyhow::ensure!(
+        from == "pagerduty",
+        "unknown import format `{from}`; formats: pagerduty"
+    );
     let text = std::fs::read_to_string(file)
         .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", file.display()))?;
     let v: Value = serde_json::from_str(&text)

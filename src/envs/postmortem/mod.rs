@@ -121,7 +121,11 @@ pub const OPTION_KEYS: [&str; 8] = [
 
 fn strings(k: &str, v: &toml::Value) -> anyhow::Result<Vec<String>> {
     match v {
-        toml::Value::String(s) => Ok(s.split(',').map(|x| x.trim().to_string()).filter(|x| !x.is_empty()).collect()),
+        toml::Value::String(s) => Ok(s
+            .split(',')
+            .map(|x| x.trim().to_string())
+            .filter(|x| !x.is_empty())
+            .collect()),
         toml::Value::Array(a) => a
             .iter()
             .map(|x| {
@@ -130,7 +134,9 @@ fn strings(k: &str, v: &toml::Value) -> anyhow::Result<Vec<String>> {
                     .ok_or_else(|| anyhow::anyhow!("postmortem option `{k}`: {x} is not a string"))
             })
             .collect(),
-        _ => anyhow::bail!("postmortem option `{k}` must be a string or a list of strings, got {v}"),
+        _ => {
+            anyhow::bail!("postmortem option `{k}` must be a string or a list of strings, got {v}")
+        }
     }
 }
 
@@ -213,13 +219,17 @@ impl Rules {
     /// The base scenarios these rules draw from.
     pub fn load(&self) -> anyhow::Result<Vec<Scenario>> {
         let all: Vec<Scenario> = if self.files.is_empty() {
-            LEVELS.iter().map(|l| Scenario::embedded(l)).collect::<anyhow::Result<_>>()?
+            LEVELS
+                .iter()
+                .map(|l| Scenario::embedded(l))
+                .collect::<anyhow::Result<_>>()?
         } else {
             self.files
                 .iter()
                 .map(|f| {
-                    let text = std::fs::read_to_string(f)
-                        .map_err(|e| anyhow::anyhow!("postmortem option `files`: cannot read {f}: {e}"))?;
+                    let text = std::fs::read_to_string(f).map_err(|e| {
+                        anyhow::anyhow!("postmortem option `files`: cannot read {f}: {e}")
+                    })?;
                     Scenario::from_json(&text, f)
                 })
                 .collect::<anyhow::Result<_>>()?
@@ -267,8 +277,19 @@ impl Postmortem {
         let mut components = std::collections::BTreeMap::new();
         components.insert("review_f1".into(), f1);
         components.insert("grade".into(), grade);
-        let scalar = if self.done { 0.5 * f1 + 0.5 * grade } else { 0.0 };
-        components.insert("win".into(), if self.done && scalar >= self.rules.win_threshold { 1.0 } else { 0.0 });
+        let scalar = if self.done {
+            0.5 * f1 + 0.5 * grade
+        } else {
+            0.0
+        };
+        components.insert(
+            "win".into(),
+            if self.done && scalar >= self.rules.win_threshold {
+                1.0
+            } else {
+                0.0
+            },
+        );
         Reward { components, scalar }
     }
 }
@@ -434,8 +455,12 @@ impl PostmortemFactory {
     }
 
     fn for_level(&self, level: &str) -> anyhow::Result<Self> {
-        let scenarios: Vec<Arc<Scenario>> =
-            self.scenarios.iter().filter(|s| s.level == level).cloned().collect();
+        let scenarios: Vec<Arc<Scenario>> = self
+            .scenarios
+            .iter()
+            .filter(|s| s.level == level)
+            .cloned()
+            .collect();
         anyhow::ensure!(
             !scenarios.is_empty(),
             "postmortem: no scenario of level `{level}` loaded; levels: {}",

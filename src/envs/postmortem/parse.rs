@@ -16,10 +16,24 @@ pub const MAX_CONTENT: usize = 4000;
 /// A valid action.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Action {
-    QueryLogs { service: String, from: u32, to: u32 },
-    WriteSection { section: usize, content: String },
-    ReviseSection { section: usize, content: String },
-    AssignActionItem { description: String, owner: String, due: String },
+    QueryLogs {
+        service: String,
+        from: u32,
+        to: u32,
+    },
+    WriteSection {
+        section: usize,
+        content: String,
+    },
+    ReviseSection {
+        section: usize,
+        content: String,
+    },
+    AssignActionItem {
+        description: String,
+        owner: String,
+        due: String,
+    },
     RequestReview,
     Submit,
 }
@@ -55,7 +69,10 @@ pub fn parse_action(text: &str) -> Result<Action, ParseError> {
                 .ok_or_else(|| format!("{kind} needs \"section\""))?;
             let name = name.trim().to_ascii_lowercase().replace([' ', '-'], "_");
             let section = SECTIONS.iter().position(|s| *s == name).ok_or_else(|| {
-                format!("unknown section `{name}`; sections: {}", SECTIONS.join(", "))
+                format!(
+                    "unknown section `{name}`; sections: {}",
+                    SECTIONS.join(", ")
+                )
             })?;
             let content = field(&obj, &["content", "section_content", "text"])
                 .ok_or_else(|| format!("{kind} needs \"content\""))?;

@@ -79,7 +79,9 @@ pub fn policy_text(ep: &mut Postmortem, p: Policy, seat: usize) -> String {
 
 /// Whether a found window revealed `time` (a log line within 3 minutes).
 fn revealed(ep: &Postmortem, time: &str) -> bool {
-    let Some(t) = parse_hhmm(time) else { return false };
+    let Some(t) = parse_hhmm(time) else {
+        return false;
+    };
     ep.evidence_seen
         .iter()
         .filter_map(|l| parse_hhmm(&l.time))
@@ -119,7 +121,11 @@ The incident lasted {duration} minutes and was resolved by the on-call team.",
         }
         1 => {
             let mut events: Vec<&super::scenario::GoldEvent> = g.timeline.iter().collect();
-            events.extend(g.hidden_timeline.iter().filter(|e| all || revealed(ep, &e.time)));
+            events.extend(
+                g.hidden_timeline
+                    .iter()
+                    .filter(|e| all || revealed(ep, &e.time)),
+            );
             events.sort_by_key(|e| parse_hhmm(&e.time));
             events
                 .iter()
@@ -195,7 +201,11 @@ fn informed_move(ep: &mut Postmortem, all: bool, everything: bool) -> Action {
         let lo = lo.saturating_sub(MAX_QUERY_MINUTES);
         let slices = (hi - lo) / MAX_QUERY_MINUTES + 1;
         // The n-th query attempt goes to (service n / slices, slice n % slices).
-        let n = ep.history.iter().filter(|h| h.contains("QUERY_LOGS")).count() as u32;
+        let n = ep
+            .history
+            .iter()
+            .filter(|h| h.contains("QUERY_LOGS"))
+            .count() as u32;
         if n < slices * sc.services.len() as u32 {
             let s = &sc.services[(n / slices) as usize].name;
             let from = (lo + (n % slices) * MAX_QUERY_MINUTES).min(1439 - MAX_QUERY_MINUTES);
@@ -271,7 +281,11 @@ fn random_move(ep: &mut Postmortem) -> Action {
     let (lo, hi) = sc.span();
     match rng.gen_range(0..6) {
         0 => {
-            let service = sc.services.choose(rng).map(|s| s.name.clone()).unwrap_or_default();
+            let service = sc
+                .services
+                .choose(rng)
+                .map(|s| s.name.clone())
+                .unwrap_or_default();
             let from = rng.gen_range(lo.saturating_sub(60)..=hi.min(1400));
             let to = (from + rng.gen_range(5..=MAX_QUERY_MINUTES)).min(1439);
             Action::QueryLogs { service, from, to }
@@ -299,7 +313,12 @@ fn random_move(ep: &mut Postmortem) -> Action {
             owners.push("nobody".into());
             owners.push("everyone".into());
             let owner = owners.choose(rng).cloned().unwrap_or_default();
-            let dues = [good_due(&sc), "next year".into(), "2 days".into(), "2020-01-01".into()];
+            let dues = [
+                good_due(&sc),
+                "next year".into(),
+                "2 days".into(),
+                "2020-01-01".into(),
+            ];
             let due = dues.choose(rng).cloned().unwrap_or_default();
             let n = rng.gen_range(3..10);
             Action::AssignActionItem {
@@ -353,7 +372,12 @@ impl Stats {
 }
 
 /// Play `episodes` episodes of `make(seed)` with `p` and sum their rewards.
-pub fn stats(make: impl Fn(u64) -> Postmortem, p: Policy, episodes: usize, first_seed: u64) -> Stats {
+pub fn stats(
+    make: impl Fn(u64) -> Postmortem,
+    p: Policy,
+    episodes: usize,
+    first_seed: u64,
+) -> Stats {
     let mut st = Stats::default();
     for i in 0..episodes {
         let mut ep = make(first_seed.wrapping_add(i as u64));

@@ -36,10 +36,15 @@ impl Postmortem {
 
     fn write_bundle(&self, s: &mut String) {
         let sc = &self.scenario;
-        let _ = writeln!(s, "INCIDENT {}: {} ({})", sc.id, sc.title, sc.date);
+        // The id stays out of the prompt: ids of the embedded files name their cause.
+        let _ = writeln!(s, "INCIDENT: {} ({})", sc.title, sc.date);
         s.push_str("\nALERTS\n");
         for a in &sc.alerts {
-            let _ = writeln!(s, "{} [{}] {}: {}", a.time, a.severity, a.service, a.message);
+            let _ = writeln!(
+                s,
+                "{} [{}] {}: {}",
+                a.time, a.severity, a.service, a.message
+            );
         }
         s.push_str("\nSLACK\n");
         for m in &sc.slack {
@@ -47,7 +52,16 @@ impl Postmortem {
         }
         s.push_str("\nSERVICES (name -> depends on)\n");
         for n in &sc.services {
-            let _ = writeln!(s, "{} -> {}", n.name, if n.depends_on.is_empty() { "-".into() } else { n.depends_on.join(", ") });
+            let _ = writeln!(
+                s,
+                "{} -> {}",
+                n.name,
+                if n.depends_on.is_empty() {
+                    "-".into()
+                } else {
+                    n.depends_on.join(", ")
+                }
+            );
         }
     }
 
@@ -97,17 +111,29 @@ impl Postmortem {
         self.write_bundle(s);
         s.push_str("\nDRAFT\n");
         for (i, name) in SECTIONS.iter().enumerate() {
-            let _ = writeln!(s, "## {name}\n{}", self.sections[i].as_deref().unwrap_or("(unwritten)"));
+            let _ = writeln!(
+                s,
+                "## {name}\n{}",
+                self.sections[i].as_deref().unwrap_or("(unwritten)")
+            );
         }
         s.push_str("## assigned action items\n");
         for it in &self.items {
-            let _ = writeln!(s, "- {} (owner {}, due {})", it.description, it.owner, it.due);
+            let _ = writeln!(
+                s,
+                "- {} (owner {}, due {})",
+                it.description, it.owner, it.due
+            );
         }
         s.push_str("\nCRITIQUES you may raise:\n");
         for (id, text) in CHECKS {
             let _ = writeln!(s, "{id}: {text}");
         }
-        let _ = write!(s, "\nAnswer {{\"critiques\": [...]}} with ids from: {}", check_ids());
+        let _ = write!(
+            s,
+            "\nAnswer {{\"critiques\": [...]}} with ids from: {}",
+            check_ids()
+        );
     }
 
     /// The public state for `concord envs play`.
@@ -136,43 +162,65 @@ impl Postmortem {
 
 /// `concord envs describe postmortem`.
 pub fn describe(rules: &super::Rules, scenarios: &[super::scenario::Scenario]) -> String {
-    let levels: Vec<String> = scenarios.iter().map(|s| format!("{} ({})", s.level, s.id)).collect();
-    format!(
-        "postmortem: write an incident post-mortem from alerts, Slack and log queries (seed 003).\n\
-\n\
-SEATS  0 = writer (the policy). 1 = reviewer: the scripted skeptic (default) or, with\n\
-       reviewer = \"policy\", the policy too (it acts only after REQUEST_REVIEW).\n\
-EPISODE  one scenario per seed: {levels}; source = {source} (generated = the seeded\n\
-       generator renames services, shifts times, adds red-herring alerts and log noise).\n\
-       {MAX_STEPS} writer steps; at the limit the draft is submitted automatically.\n\
-ACTIONS (one JSON object per turn; invalid text = no-op, one step used, feedback)\n\
-  QUERY_LOGS {{service, from, to}}   HH:MM, window <= {MAX_QUERY_MINUTES} min. Correct when the service is relevant\n\
-       and overlaps an evidence window by its required minutes: +0.06 (first time) and its logs.\n\
-       Else wrong: escalating penalty (0.05, 0.08, 0.12, 0.18; expert 0.05, 0.10, 0.15, 0.20)\n\
-       and routine logs. Past the budget (8; expert 6) the query is refused and charged as wrong.\n\
-  WRITE_SECTION {{section, content}}  summary|timeline|root_cause|impact|action_items. First valid\n\
-       +0.03; overwriting a valid section -0.02.\n\
-  ASSIGN_ACTION_ITEM {{description, owner, due}}  +0.08 when owner is a known team and due is a\n\
-       date within the deadline (first 6 items); at most 10 items.\n\
-  REQUEST_REVIEW   the reviewer raises critiques ({checks}); at most 2.\n\
-  REVISE_SECTION {{section, content}}  rewrite a written section; no overwrite penalty after a review.\n\
-  SUBMIT   -0.10 per missing or invalid section, then the grade.\n\
-GRADE (the GRPO scalar; reward = \"return\" adds the shaping)\n\
-  0.30 root cause (service 0.40 | 0.15 if a planted false cause is named first, category 0.35,\n\
-  keywords 0.25; capped at 0.65 with a wrong service, at 0.60 when timeline < 0.4)\n\
-  + 0.25 timeline (gold events matched within +-3 min) + 0.20 action items (owner 0.4, due 0.3,\n\
-  themes 0.3) + 0.15 impact (length, service, duration, scale) + 0.10 completeness\n\
-  + 0.10 x share of review critiques addressed; clamped to [0, 1]. win = grade >= {win}.\n\
-  Reviewer seat (multi-agent): 0.5 x F1 of its critiques against the skeptic's + 0.5 x grade.\n\
-POLICIES oracle, evidence_bound (continuation: writes from what was found, never queries),\n\
-  random, query_everything. Pools for baselines: the levels.\n\
-OPTIONS level (all|easy|medium|hard|expert|list), source (generated|fixed|mixed), files (scenario\n\
-  JSON paths, replacing the embedded ones), reviewer (scripted|policy), reward (grade|return),\n\
-  shaping (bool), continuation (policy), win_threshold.\n\
-RULES NOW {rules:?}",
-        levels = levels.join(", "),
-        source = rules.source.name(),
-        checks = check_ids(),
-        win = rules.win_threshold,
-    )
+    let levels: Vec<String> = scenarios
+        .iter()
+        .map(|s| format!("{} ({})", s.level, s.id))
+        .collect();
+    let lines: Vec<String> = vec![
+        "postmortem: write an incident post-mortem from alerts, Slack and log queries (seed 003).".into(),
+        String::new(),
+        "SEATS".into(),
+        "  0 = writer (the policy). 1 = reviewer: the scripted skeptic (default) or, with".into(),
+        "  reviewer = \"policy\", the policy too (it acts only after REQUEST_REVIEW).".into(),
+        "EPISODE".into(),
+        format!("  one scenario per seed among: {}", levels.join(", ")),
+        format!(
+            "  source = {} (generated: the seeded generator renames services, shifts times,",
+            rules.source.name()
+        ),
+        "  adds red-herring alerts and log noise; fixed: the files verbatim; mixed: either).".into(),
+        format!("  {MAX_STEPS} writer steps; at the limit the draft is submitted automatically."),
+        "ACTIONS (one JSON object per turn; invalid text = no-op, one step used, feedback)".into(),
+        format!("  QUERY_LOGS {{service, from, to}}  HH:MM, window <= {MAX_QUERY_MINUTES} min. Correct when the"),
+        "    service is relevant and overlaps an evidence window by its required minutes:".into(),
+        "    +0.06 (first time) and the window's logs. Else wrong: escalating penalty".into(),
+        "    (0.05, 0.08, 0.12, 0.18; expert 0.05, 0.10, 0.15, 0.20) and routine logs. Past".into(),
+        "    the budget (8; expert 6) a query is refused and charged as wrong.".into(),
+        "  WRITE_SECTION {section, content}  summary|timeline|root_cause|impact|action_items;".into(),
+        "    first valid write +0.03; overwriting a valid section -0.02.".into(),
+        "  ASSIGN_ACTION_ITEM {description, owner, due}  +0.08 when the owner is a known team".into(),
+        "    and due a date within the deadline (first 6 items); at most 10 items.".into(),
+        format!("  REQUEST_REVIEW  the reviewer raises critiques ({}); at most 2.", check_ids()),
+        "  REVISE_SECTION {section, content}  rewrite a written section; no overwrite penalty".into(),
+        "    after a review.".into(),
+        "  SUBMIT  -0.10 per missing or invalid section, then the grade.".into(),
+        "GRADE (the GRPO scalar; reward = \"return\" adds the shaping)".into(),
+        "  0.30 root cause (service 0.40, or 0.15 if a planted false cause is named first;".into(),
+        "  category 0.35; keywords 0.25; capped at 0.65 with a wrong service, at 0.60 when".into(),
+        "  the timeline scores under 0.4) + 0.25 timeline (gold events within +-3 min)".into(),
+        "  + 0.20 action items (owner 0.4, due 0.3, themes 0.3) + 0.15 impact (length,".into(),
+        "  service, duration, scale) + 0.10 completeness + 0.10 x share of the review's".into(),
+        format!(
+            "  critiques addressed; clamped to [0, 1]. win = grade >= {}.",
+            rules.win_threshold
+        ),
+        "  Reviewer seat (multi-agent): 0.5 x F1 of its critiques against the skeptic's".into(),
+        "  + 0.5 x the grade.".into(),
+        "POLICIES".into(),
+        "  oracle (reads the gold standard), random (random valid actions), query_everything,".into(),
+        "  evidence_bound (the continuation: writes from what was found, never queries).".into(),
+        "  Baseline pools: the levels loaded.".into(),
+        "OPTIONS".into(),
+        "  level (all|easy|medium|hard|expert|list), source (generated|fixed|mixed), files".into(),
+        "  (scenario JSON paths replacing the embedded ones), reviewer (scripted|policy),".into(),
+        "  reward (grade|return), shaping (bool), continuation (policy), win_threshold.".into(),
+        format!(
+            "NOW reviewer = {}, reward = {}, shaping = {}, continuation = {}",
+            if rules.reviewer_policy { "policy" } else { "scripted" },
+            if rules.reward_return { "return" } else { "grade" },
+            rules.shaping,
+            rules.continuation.name()
+        ),
+    ];
+    lines.join("\n")
 }

@@ -26,7 +26,13 @@ pub const EMBEDDED: [(&str, &str); 4] = [
 ];
 
 /// The five post-mortem sections, in document order.
-pub const SECTIONS: [&str; 5] = ["summary", "timeline", "root_cause", "impact", "action_items"];
+pub const SECTIONS: [&str; 5] = [
+    "summary",
+    "timeline",
+    "root_cause",
+    "impact",
+    "action_items",
+];
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -236,12 +242,12 @@ impl Scenario {
 
     /// The embedded scenario of `level`.
     pub fn embedded(level: &str) -> anyhow::Result<Self> {
-        let (_, text) = EMBEDDED
-            .iter()
-            .find(|(l, _)| *l == level)
-            .ok_or_else(|| {
-                anyhow::anyhow!("unknown postmortem level `{level}`; levels: {}", LEVELS.join(", "))
-            })?;
+        let (_, text) = EMBEDDED.iter().find(|(l, _)| *l == level).ok_or_else(|| {
+            anyhow::anyhow!(
+                "unknown postmortem level `{level}`; levels: {}",
+                LEVELS.join(", ")
+            )
+        })?;
         Self::from_json(text, &format!("embedded {level}.json"))
     }
 
@@ -286,7 +292,11 @@ impl Scenario {
             self.level,
             ALL_LEVELS.join(", ")
         );
-        ensure!(parse_date(&self.date).is_some(), "`date` `{}` is not YYYY-MM-DD", self.date);
+        ensure!(
+            parse_date(&self.date).is_some(),
+            "`date` `{}` is not YYYY-MM-DD",
+            self.date
+        );
         ensure!(!self.services.is_empty(), "`services` is empty");
         let t = |what: &str, s: &str| -> anyhow::Result<u32> {
             parse_hhmm(s).ok_or_else(|| anyhow::anyhow!("{what}: time `{s}` is not HH:MM"))
@@ -349,35 +359,63 @@ impl Scenario {
         }
         let g = &self.gold;
         svc("gold.root_cause.service", &g.root_cause.service)?;
-        ensure!(!g.root_cause.category_terms.is_empty(), "gold.root_cause.category_terms is empty");
-        ensure!(!g.root_cause.keywords.is_empty(), "gold.root_cause.keywords is empty");
+        ensure!(
+            !g.root_cause.category_terms.is_empty(),
+            "gold.root_cause.category_terms is empty"
+        );
+        ensure!(
+            !g.root_cause.keywords.is_empty(),
+            "gold.root_cause.keywords is empty"
+        );
         ensure!(!g.timeline.is_empty(), "gold.timeline is empty");
         for e in self.all_events() {
             t("gold timeline", &e.time)?;
             let lower = e.text.to_lowercase();
             ensure!(
-                e.keywords.iter().any(|k| super::grader::has_word(&lower, k)),
+                e.keywords
+                    .iter()
+                    .any(|k| super::grader::has_word(&lower, k)),
                 "gold timeline event `{}`: its text contains none of its keywords",
                 e.text
             );
         }
         ensure!(!g.action_themes.is_empty(), "gold.action_themes is empty");
         for th in &g.action_themes {
-            ensure!(!th.keywords.is_empty(), "action theme `{}` has no keywords", th.name);
+            ensure!(
+                !th.keywords.is_empty(),
+                "action theme `{}` has no keywords",
+                th.name
+            );
         }
         ensure!(!g.teams.is_empty(), "gold.teams is empty");
         ensure!(g.due_within_days >= 1, "gold.due_within_days must be >= 1");
-        ensure!(g.impact.duration_minutes >= 1, "gold.impact.duration_minutes must be >= 1");
-        ensure!(!g.impact.services.is_empty(), "gold.impact.services is empty");
+        ensure!(
+            g.impact.duration_minutes >= 1,
+            "gold.impact.duration_minutes must be >= 1"
+        );
+        ensure!(
+            !g.impact.services.is_empty(),
+            "gold.impact.services is empty"
+        );
         ensure!(!g.impact.scale.is_empty(), "gold.impact.scale is empty");
         for f in &g.false_causes {
             svc("gold.false_causes", f)?;
-            ensure!(*f != g.root_cause.service, "false cause `{f}` is the root cause");
+            ensure!(
+                *f != g.root_cause.service,
+                "false cause `{f}` is the root cause"
+            );
         }
-        ensure!(self.limits.max_queries >= 1, "limits.max_queries must be >= 1");
+        ensure!(
+            self.limits.max_queries >= 1,
+            "limits.max_queries must be >= 1"
+        );
         ensure!(
             !self.limits.penalties.is_empty()
-                && self.limits.penalties.iter().all(|p| p.is_finite() && *p >= 0.0),
+                && self
+                    .limits
+                    .penalties
+                    .iter()
+                    .all(|p| p.is_finite() && *p >= 0.0),
             "limits.penalties must be a non-empty list of non-negative numbers"
         );
         Ok(())
@@ -481,7 +519,11 @@ pub fn generate(base: &Scenario, seed: u64) -> Scenario {
                 time: hhmm(rng.gen_range(a..=b.max(a))),
                 severity: "warning".into(),
                 service,
-                message: HERRING_ALERTS.choose(&mut rng).copied().unwrap_or("").into(),
+                message: HERRING_ALERTS
+                    .choose(&mut rng)
+                    .copied()
+                    .unwrap_or("")
+                    .into(),
             });
         }
         sc.alerts.sort_by_key(|x| parse_hhmm(&x.time));
@@ -522,7 +564,10 @@ pub fn replace_word(s: &str, from: &str, to: &str) -> String {
         let before_ok = if i == 0 {
             !prev_alnum
         } else {
-            !rest[..i].chars().next_back().is_some_and(|c| c.is_alphanumeric())
+            !rest[..i]
+                .chars()
+                .next_back()
+                .is_some_and(|c| c.is_alphanumeric())
         };
         let after = &rest[i + from.len()..];
         let after_ok = !after.chars().next().is_some_and(|c| c.is_alphanumeric());
@@ -532,7 +577,10 @@ pub fn replace_word(s: &str, from: &str, to: &str) -> String {
         } else {
             out.push_str(from);
         }
-        prev_alnum = from.chars().next_back().is_some_and(|c| c.is_alphanumeric());
+        prev_alnum = from
+            .chars()
+            .next_back()
+            .is_some_and(|c| c.is_alphanumeric());
         rest = after;
     }
     out.push_str(rest);
@@ -546,7 +594,11 @@ pub(crate) fn time_spans(s: &str) -> Vec<(usize, u32)> {
     let d = |i: usize| b.get(i).is_some_and(|c| c.is_ascii_digit());
     let mut i = 0;
     while i + 5 <= b.len() {
-        if d(i) && d(i + 1) && b[i + 2] == b':' && d(i + 3) && d(i + 4)
+        if d(i)
+            && d(i + 1)
+            && b[i + 2] == b':'
+            && d(i + 3)
+            && d(i + 4)
             && !(i > 0 && (d(i - 1) || b[i - 1] == b':'))
             && !d(i + 5)
             && b.get(i + 5) != Some(&b':')
