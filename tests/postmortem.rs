@@ -184,6 +184,15 @@ fn timeline_tolerance_keywords_and_hidden_events() {
         .map(|e| format!("{} {}\n", e.time, e.text))
         .collect();
     assert_eq!(t(&full), 1.0);
+    // A line for every minute of the day with every keyword does not pay.
+    let words: Vec<String> = s.all_events().flat_map(|e| e.keywords.clone()).collect();
+    let spray: String = (0..1440)
+        .map(|m| format!("{} {}\n", scenario::hhmm(m), words.join(" ")))
+        .collect();
+    assert!(t(&spray) < 0.02, "{}", t(&spray));
+    // Up to 2 x events + 4 lines are free.
+    let padded = format!("{full}00:01 a\n00:02 b\n00:03 c\n00:04 d\n00:05 e\n00:06 f\n00:07 g\n00:08 h\n00:09 i\n00:10 j");
+    assert_eq!(t(&padded), 1.0);
 }
 
 #[test]

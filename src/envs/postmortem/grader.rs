@@ -10,7 +10,9 @@
 //!   so it never binds); a timeline score under 0.4 caps it at 0.60.
 //! - **timeline** = share of gold events (visible and hidden) matched by a line of the
 //!   timeline section whose first `HH:MM` is within +-3 minutes and which contains one
-//!   of the event's keywords; a line matches at most one event.
+//!   of the event's keywords; a line matches at most one event. A timeline of more
+//!   than 2 x events + 4 timed lines is scaled by (2 x events + 4) / lines, so a line
+//!   for every minute does not pay.
 //! - **action_items** = 0.4 x share of assigned items whose owner is a known team,
 //!   plus 0.3 x share with a valid due date, plus 0.3 x share of gold themes named by
 //!   an item or the action_items section.
@@ -369,7 +371,15 @@ pub fn timeline_score(sc: &Scenario, text: &str) -> f64 {
             hit += 1;
         }
     }
-    hit as f64 / total.max(1) as f64
+    let score = hit as f64 / total.max(1) as f64;
+    // Against spraying a line per minute: beyond 2 x events + 4 timed lines the score
+    // is scaled down by the excess.
+    let allowed = 2 * total + 4;
+    if lines.len() > allowed {
+        score * allowed as f64 / lines.len() as f64
+    } else {
+        score
+    }
 }
 
 /// Whether `owner` names a known team (case-insensitive, a leading `@` allowed).
