@@ -738,6 +738,33 @@ fn decisions_score_through_the_continuation() {
         found.scalar,
         wrong.scalar
     );
+    // Later too: after the continuation wrote the sections without evidence, finding
+    // it still pays (the continuation revises the root cause and the timeline).
+    let mut ep = factory(&[("level", "hard".into()), ("source", "fixed".into())]).episode(0);
+    for _ in 0..6 {
+        let a = policies::writer_move(&mut ep, policies::Policy::EvidenceBound);
+        ep.writer_action(&a);
+    }
+    assert!(ep.section_valid(2));
+    let env: Box<dyn Environment> = Box::new(ep);
+    let d = concord::envs::Decision {
+        messages: env.observation(0),
+        env,
+        seat: 0,
+        seed: 0,
+        step: 6,
+    };
+    let found = score_decision(
+        &d,
+        r#"{"action":"QUERY_LOGS","service":"inventory-worker","from":"21:58","to":"22:08"}"#,
+    );
+    let idle = score_decision(&d, r#"{"action":"REQUEST_REVIEW"}"#);
+    assert!(
+        found.scalar > idle.scalar + 0.2,
+        "{} vs {}",
+        found.scalar,
+        idle.scalar
+    );
 }
 
 #[test]

@@ -8,7 +8,9 @@
 //!   what the episode has uncovered: it never queries; hidden timeline events and key
 //!   evidence appear only once a correct query found their window; without a found
 //!   window of the true service, its root cause names the first planted false cause
-//!   (the story Slack tells). It writes only sections that are missing or invalid.
+//!   (the story Slack tells). It writes sections that are missing or invalid, and
+//!   revises the root cause (when it lacks the true service) and the timeline (when
+//!   it scores below what it would write) once new evidence is found.
 //! - `random`: a uniformly random valid action each step (random services, windows,
 //!   sections filled with random words of the incident's text, random owners and due
 //!   dates); SUBMIT is one of the six action types.
@@ -225,6 +227,39 @@ fn informed_move(ep: &mut Postmortem, all: bool, everything: bool) -> Action {
                     service: w.service.clone(),
                     from,
                     to,
+                };
+            }
+        }
+    }
+    if !all {
+        // New evidence after the sections were written: bring them up to date.
+        let knows_cause = sc
+            .evidence
+            .iter()
+            .zip(&ep.found)
+            .any(|(w, f)| *f && w.service == sc.gold.root_cause.service);
+        let rc = ep.sections[2].as_deref().unwrap_or("");
+        if knows_cause
+            && ep.sections[2].is_some()
+            && grader::root_cause_layers(&sc, rc).0 != grader::RC_SERVICE
+        {
+            return Action::ReviseSection {
+                section: 2,
+                content: section_text(ep, 2, false),
+            };
+        }
+        if let Some(tl) = ep.sections[1].as_deref() {
+            let fresh = section_text(ep, 1, false);
+            if grader::timeline_score(&sc, &fresh) > grader::timeline_score(&sc, tl) + 1e-9
+                && sc
+                    .gold
+                    .hidden_timeline
+                    .iter()
+                    .any(|e| revealed(ep, &e.time))
+            {
+                return Action::ReviseSection {
+                    section: 1,
+                    content: fresh,
                 };
             }
         }
