@@ -13,6 +13,7 @@ mod memory;
 mod model_core;
 mod parity;
 mod plot;
+mod postmortem;
 mod reliability;
 mod sample_model;
 mod sft;

@@ -97,6 +97,20 @@ pub enum EnvsCommand {
         #[command(flatten)]
         opts: EnvOpts,
     },
+    /// Convert an incident export to a scenario file
+    /// (`concord envs import postmortem --from pagerduty FILE.json --out SCENARIO.json`).
+    Import {
+        /// Environment name (only `postmortem` imports).
+        name: String,
+        /// Export format: `pagerduty`.
+        #[arg(long)]
+        from: String,
+        /// The export (JSON).
+        file: std::path::PathBuf,
+        /// Where to write the scenario JSON (use it with `--set files=[\"PATH\"]`).
+        #[arg(long)]
+        out: std::path::PathBuf,
+    },
     /// Exact reachable state graph of merge_ring (`--agents N [--materialize] --json`).
     Graph(GraphArgs),
 }
@@ -170,6 +184,27 @@ pub fn run(args: EnvsArgs) -> anyhow::Result<()> {
             json,
             opts,
         } => tools::bench(&name, &opts.options()?, secs, json),
+        EnvsCommand::Import {
+            name,
+            from,
+            file,
+            out,
+        } => {
+            anyhow::ensure!(
+                name == crate::envs::postmortem::NAME,
+                "`concord envs import` supports only postmortem, got `{name}`"
+            );
+            let sc = crate::envs::postmortem::import::import_file(&from, &file, &out)?;
+            println!(
+                "wrote {} ({}: {} alerts, {} timeline events, root cause {}); check its `gold` before training",
+                out.display(),
+                sc.id,
+                sc.alerts.len(),
+                sc.gold.timeline.len(),
+                sc.gold.root_cause.service
+            );
+            Ok(())
+        }
         EnvsCommand::Graph(a) => graph::run_graph(
             &a.env,
             &GraphOptions {

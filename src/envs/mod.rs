@@ -82,6 +82,7 @@
 //! [`create`], [`names`] and `concord envs list` all read it.
 
 pub mod merge_ring;
+pub mod postmortem;
 pub mod rollout;
 pub mod ticketmelt;
 pub mod tools;
@@ -394,9 +395,9 @@ pub static REGISTRY: &[EnvEntry] = &[
         create: Some(merge_ring::factory),
     },
     EnvEntry {
-        name: "postmortem",
+        name: postmortem::NAME,
         summary: "write an incident post-mortem from logs and Slack",
-        create: None,
+        create: Some(postmortem::factory),
     },
     EnvEntry {
         name: whispers::NAME,

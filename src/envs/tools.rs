@@ -243,6 +243,9 @@ pub fn measure(min_secs: f64, mut episode: impl FnMut() -> u64) -> Measured {
 pub struct BaselineRow {
     pub policy: String,
     pub peers: String,
+    /// The scenario level (postmortem); absent for environments without levels.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub level: Option<String>,
     pub episodes: usize,
     pub win_rate: f64,
     /// 95% Wilson score interval of the win rate.

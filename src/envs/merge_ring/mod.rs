@@ -547,6 +547,7 @@ impl Tools for MergeRingFactory {
         extra.insert("bypass_rate".to_string(), bypasses as f64 / p);
         extra.insert("collision_rate".to_string(), collisions as f64 / p);
         Ok(BaselineRow {
+            level: None,
             policy: policy.to_string(),
             peers: pool.to_string(),
             episodes,

@@ -568,6 +568,7 @@ impl Tools for TicketmeltFactory {
             },
         );
         Ok(BaselineRow {
+            level: None,
             policy: policy.to_string(),
             peers: pool.to_string(),
             episodes,

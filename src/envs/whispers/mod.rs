@@ -614,6 +614,7 @@ impl Tools for WhispersFactory {
             st.steps as f64 / st.episodes.max(1) as f64,
         );
         Ok(BaselineRow {
+            level: None,
             policy: policy.to_string(),
             peers: pool.to_string(),
             episodes,
