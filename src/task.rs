@@ -4,6 +4,8 @@
 //!
 //! - [`EnvTask`]: one registry environment; each prompt is one policy seat's decision.
 //! - [`MixtureTask`]: several environments, each prompt's environment drawn by weight.
+//! - [`episode::EpisodeTask`]: one registry environment in episode mode; each prompt is
+//!   one policy seat at the start of an episode, each completion a whole trajectory.
 //! - tests implement [`Task`] directly for toy rewards.
 use crate::config::Config;
 use crate::envs::{self, EnvFactory, Reward};
@@ -12,6 +14,8 @@ use crate::rng::mix_seeds as mix;
 use crate::sample::Completion;
 use anyhow::{Context, Result};
 use std::any::Any;
+
+pub mod episode;
 
 /// Chat rendering, decoding and stop tokens: the model's tokenizer, or [`IdRenderer`]
 /// (ids as text) in tests. One trait, shared with the sampler.
@@ -42,6 +46,11 @@ pub trait Task {
     fn env_of(&self, prompt: &TaskPrompt) -> String {
         let _ = prompt;
         self.name()
+    }
+    /// Episode mode: the task plays whole trajectories instead of scoring single
+    /// completions (default: `None`).
+    fn as_episodes(&self) -> Option<&episode::EpisodeTask> {
+        None
     }
 }
 

@@ -345,6 +345,31 @@ impl KvCache {
         })
     }
 
+    /// The same cache with room for `extra` more columns (the written columns copied):
+    /// multi-turn sampling grows it when an environment turn does not fit.
+    pub fn grow(&self, extra: usize) -> Result<KvCache> {
+        let ml = self.max_len + extra;
+        let pad = |t: &Tensor| -> Result<Tensor> {
+            let (b, h, _, d) = t.dims4()?;
+            let z = Tensor::zeros((b, h, extra, d), t.dtype(), t.device())?;
+            Ok(Tensor::cat(&[t, &z], 2)?)
+        };
+        let mut key_valid = vec![0u8; self.batch * ml];
+        for r in 0..self.batch {
+            key_valid[r * ml..r * ml + self.max_len]
+                .copy_from_slice(&self.key_valid[r * self.max_len..(r + 1) * self.max_len]);
+        }
+        Ok(KvCache {
+            k: self.k.iter().map(pad).collect::<Result<_>>()?,
+            v: self.v.iter().map(pad).collect::<Result<_>>()?,
+            batch: self.batch,
+            max_len: ml,
+            len: self.len,
+            key_valid,
+            next_pos: self.next_pos.clone(),
+        })
+    }
+
     /// Each row repeated `g` times consecutively: rows `[0,0,..,1,1,..]`.
     pub fn repeat_rows(&self, g: usize) -> Result<KvCache> {
         let rows: Vec<usize> = (0..self.batch)
