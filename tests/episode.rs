@@ -420,7 +420,9 @@ fn self_play_seats_each_train_their_own_sequence() {
         }
         assert!(env.done());
         for s in 0..4 {
-            assert_eq!(env.reward(s), played[s][j].reward, "seat {s}");
+            let mut r = played[s][j].reward.clone();
+            r.components.remove(concord::task::episode::STEP_REWARDS);
+            assert_eq!(env.reward(s), r, "seat {s}");
             // each seat's own observation opens its own sequence
             assert_eq!(
                 prompts[s].ids,
@@ -447,6 +449,64 @@ fn whispers_episodes_run_many_turns() {
             pl.trajectory.model_turns
         );
         assert_eq!(pl.trajectory.fed.len() + 1, pl.trajectory.ids.len());
+    }
+}
+
+/// Compacting a KV cache whose rows appended padded chunks leaves attention as it was.
+#[test]
+fn compacted_cache_attends_like_the_padded_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let (model, _) = tiny(dir.path());
+    let d = Device::Cpu;
+    let mut a = model.new_cache(2, 32).unwrap();
+    let feeds: [(&[u32], &[u8]); 3] = [
+        (
+            &[11, 12, 13, 14, 15, 16, 0, 0, 0, 21],
+            &[1, 1, 1, 1, 1, 0, 0, 0, 0, 1],
+        ),
+        (
+            &[0, 0, 31, 32, 33, 41, 42, 43, 44, 45],
+            &[0, 0, 1, 1, 1, 1, 1, 1, 1, 1],
+        ),
+        (&[7, 8], &[1, 1]),
+    ];
+    let w = |f: &[u32]| f.len() / 2;
+    for (ids, mask) in &feeds[..2] {
+        let t = Tensor::from_vec(ids.to_vec(), (2, w(ids)), &d).unwrap();
+        model.forward_cached(&t, Some(mask), &mut a).unwrap();
+    }
+    let mut b = a.compact().unwrap();
+    assert_eq!(b.len(), 8);
+    assert_eq!(a.len(), 10);
+    let (ids, mask) = feeds[2];
+    let t = Tensor::from_vec(ids.to_vec(), (2, 1), &d).unwrap();
+    let la = model
+        .last_logits(&model.forward_cached(&t, Some(mask), &mut a).unwrap())
+        .unwrap();
+    let lb = model
+        .last_logits(&model.forward_cached(&t, Some(mask), &mut b).unwrap())
+        .unwrap();
+    let diff = (la - lb).unwrap().abs().unwrap().max_all().unwrap();
+    assert!(diff.to_scalar::<f32>().unwrap() < 1e-4);
+}
+
+#[test]
+fn merge_ring_trains_in_episode_mode_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let (model, tok) = tiny(dir.path());
+    let mut t = task("merge_ring", &[], 8);
+    let g = concord::config::GrpoConfig {
+        num_generations: 2,
+        prompts_per_step: 1,
+        max_completion_length: 1200,
+        ..Default::default()
+    };
+    let batch = collect(&model, &tok, &mut t, &g, 8, true).unwrap();
+    assert!(batch.rollouts.len() >= 2);
+    assert!(batch.turns.iter().all(|&n| n >= 1));
+    for r in &batch.rollouts {
+        assert_eq!(r.env_mask.len(), r.completion_ids.len());
+        assert!(r.completion_ids.len() <= 1200);
     }
 }
 

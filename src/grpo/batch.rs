@@ -18,8 +18,7 @@ use crate::config::{GrpoConfig, MultiObjectiveAggregation};
 use crate::model::qwen2::Qwen2;
 use crate::rng::mix_seeds as mix;
 use crate::sample::{self, ChooseOn, FinishReason};
-use crate::task::episode::{play_episodes, EpisodeTask};
-use crate::task::{Renderer, Task, TaskPrompt};
+use crate::task::{Episodes, Renderer, Task, TaskPrompt};
 use anyhow::{bail, Result};
 use std::time::Instant;
 
@@ -143,7 +142,7 @@ fn draw(
 fn draw_episodes(
     model: &Qwen2,
     renderer: &dyn Renderer,
-    task: &EpisodeTask,
+    task: &dyn Episodes,
     g: &GrpoConfig,
     seed: u64,
     prompts: Vec<TaskPrompt>,
@@ -151,10 +150,9 @@ fn draw_episodes(
 ) -> Result<Vec<Group>> {
     let params = g.sampling_params(renderer.stop_ids(), mix(seed, 1));
     let t = Instant::now();
-    let (played, _) = play_episodes(
+    let (played, _) = task.play(
         model,
         renderer,
-        task,
         &prompts,
         g.num_generations,
         &params,

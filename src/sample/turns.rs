@@ -10,7 +10,9 @@
 //! - The reply's ids are appended to the row's ids and fed to the cache together with
 //!   the turn's last sampled token (left-padded with the other rows' inputs, so the
 //!   last column is always a real token): nothing is prefilled again and no text is
-//!   re-tokenised. Rows that are done are dropped from the cache.
+//!   re-tokenised. Rows that are done are dropped from the cache. When the cache is
+//!   full it is compacted (every row's real columns moved left, when padding holds at
+//!   least half of them) before it grows.
 //! - `max_turn_tokens` (0: off) ends a model turn after that many tokens, as a stop
 //!   string would (the text is what was sampled).
 //! - `max_new_tokens` caps a row's whole completion (model and outside tokens): a
@@ -301,7 +303,14 @@ pub fn sample_turns(
             .max()
             .unwrap_or(1);
         if cache.len() + width > cache.max_len() {
-            cache = cache.grow(width.max(cache.max_len() / 2))?;
+            // reclaim the columns padding left behind before growing
+            let real = cache.max_real_columns();
+            if 2 * real <= cache.len() {
+                cache = cache.compact()?;
+            }
+            if cache.len() + width > cache.max_len() {
+                cache = cache.grow(width.max(cache.max_len() / 2))?;
+            }
         }
         let n = batch.len();
         let mut ids = vec![0u32; n * width];

@@ -6,8 +6,8 @@
 //! done or `max_completion_length` completion tokens (model and environment together)
 //! are spent. The completion is scored by the episode reward of the seat
 //! ([`crate::envs::Environment::reward`]), or, with `shaped_rewards = true`, by the sum
-//! of the seat's step rewards ([`crate::envs::StepOutcome::rewards`], logged as the
-//! `step_rewards` component).
+//! of the seat's step rewards ([`crate::envs::StepOutcome::rewards`]); that sum is
+//! always logged as the `step_rewards` component.
 //!
 //! - **Turns** end at a stop token or stop string, or after `max_turn_tokens` tokens
 //!   (`[env] max_turn_tokens`, 0 = off): the text is played as it is.
@@ -28,13 +28,14 @@
 //! - **Streams**: seat row `s` of episode `j` of prompt group `p` samples from RNG
 //!   stream `(p, j)` (each seat is its own prompt, hence its own `p`): a trajectory
 //!   does not depend on what else is in the batch.
-use super::{Renderer, Task, TaskPrompt};
+pub use super::Played;
+use super::{Episodes, Renderer, Task, TaskPrompt};
 use crate::envs::{self, EnvFactory, Environment, Reward, StepOutcome};
 use crate::model::qwen2::Qwen2;
 use crate::rng::mix_seeds as mix;
 use crate::sample::{
-    sample_turns, ChooseOn, Reply, SampleStats, SamplingParams, Trajectory, TurnEnd, TurnEvent,
-    TurnRow, TurnSource,
+    sample_turns, ChooseOn, Reply, SampleStats, SamplingParams, TurnEnd, TurnEvent, TurnRow,
+    TurnSource,
 };
 use anyhow::{bail, ensure, Context, Result};
 use std::collections::{BTreeMap, BTreeSet};
@@ -116,9 +117,7 @@ impl Task for EpisodeTask {
         env.rollout();
         let seat = env.policy_seats().first().copied().unwrap_or(0);
         let mut names: Vec<String> = env.reward(seat).components.into_keys().collect();
-        if self.shaped {
-            names.push(STEP_REWARDS.into());
-        }
+        names.push(STEP_REWARDS.into());
         names.sort();
         names
     }
@@ -134,21 +133,33 @@ impl Task for EpisodeTask {
     fn score(&self, _prompt: &TaskPrompt, _c: &crate::sample::Completion) -> Result<Reward> {
         bail!("episode-mode prompts are scored by playing whole episodes (episode::play_episodes)")
     }
-    fn as_episodes(&self) -> Option<&EpisodeTask> {
+    fn as_episodes(&self) -> Option<&dyn Episodes> {
         Some(self)
     }
 }
 
-/// One seat's played trajectory.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Played {
-    pub trajectory: Trajectory,
-    /// The seat's reward at the end of the episode (with `step_rewards` when shaped).
-    pub reward: Reward,
-    /// The sum of the seat's step rewards.
-    pub step_rewards: f64,
-    /// The seat's own text of every model turn that was played.
-    pub texts: Vec<String>,
+impl Episodes for EpisodeTask {
+    fn play(
+        &self,
+        model: &Qwen2,
+        renderer: &dyn Renderer,
+        prompts: &[TaskPrompt],
+        g: usize,
+        params: &SamplingParams,
+        stream_base: usize,
+        choose_on: ChooseOn,
+    ) -> Result<(Vec<Vec<Played>>, SampleStats)> {
+        play_episodes(
+            model,
+            renderer,
+            self,
+            prompts,
+            g,
+            params,
+            stream_base,
+            choose_on,
+        )
+    }
 }
 
 /// Play `g` episodes of every prompt group: `prompts` are [`EpisodeTask`] prompts
@@ -246,8 +257,8 @@ pub fn play_episodes(
         let (ep, seat) = src.row_of[row];
         let mut reward = src.envs[ep].reward(seat);
         let step_rewards = src.step_rewards[row];
+        reward.components.insert(STEP_REWARDS.into(), step_rewards);
         if task.shaped {
-            reward.components.insert(STEP_REWARDS.into(), step_rewards);
             reward.scalar = step_rewards;
         }
         let (p, j) = owner[row];
