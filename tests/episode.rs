@@ -156,13 +156,23 @@ fn environment_turns_render_like_the_whole_conversation() {
 
 #[test]
 fn ids_fed_equal_ids_trained_turn_for_turn() {
+    ids_fed_equal_ids_trained(ChooseOn::Host);
+}
+
+/// The same with the token choice as tensor ops (what a GPU uses), run on the CPU.
+#[test]
+fn ids_fed_equal_ids_trained_device_chooser() {
+    ids_fed_equal_ids_trained(ChooseOn::Device);
+}
+
+fn ids_fed_equal_ids_trained(on: ChooseOn) {
     let dir = tempfile::tempdir().unwrap();
     let (model, tok) = tiny(dir.path());
     let t = task("ticketmelt", &[], 12);
     let prompts = t.starts(envs::training_seed(11), &tok).unwrap();
     assert_eq!(prompts.len(), 1, "one policy seat");
     let p = params(&tok, 6000, 5);
-    let (played, _) = play_episodes(&model, &tok, &t, &prompts, 2, &p, 0, ChooseOn::Auto).unwrap();
+    let (played, _) = play_episodes(&model, &tok, &t, &prompts, 2, &p, 0, on).unwrap();
     let mut multi = false;
     for pl in &played[0] {
         let tr = &pl.trajectory;
@@ -363,6 +373,15 @@ fn long_trajectories_are_truncated_and_marked() {
 
 #[test]
 fn a_batched_trajectory_equals_the_same_trajectory_sampled_alone() {
+    batched_equals_alone(ChooseOn::Host, 2000);
+}
+
+#[test]
+fn a_batched_trajectory_equals_the_same_trajectory_sampled_alone_device_chooser() {
+    batched_equals_alone(ChooseOn::Device, 1200);
+}
+
+fn batched_equals_alone(on: ChooseOn, budget: usize) {
     let dir = tempfile::tempdir().unwrap();
     let (model, tok) = tiny(dir.path());
     let t = task("ticketmelt", &[], 9);
@@ -371,13 +390,13 @@ fn a_batched_trajectory_equals_the_same_trajectory_sampled_alone() {
     // hot enough that the tiny random model's episodes differ
     let p = SamplingParams {
         temperature: 4.0,
-        ..params(&tok, 2000, 77)
+        ..params(&tok, budget, 77)
     };
     let g = 2;
-    let (batched, _) = play_episodes(&model, &tok, &t, &prompts, g, &p, 0, ChooseOn::Auto).unwrap();
+    let (batched, _) = play_episodes(&model, &tok, &t, &prompts, g, &p, 0, on).unwrap();
     for (pi, group) in batched.iter().enumerate() {
         let one = t.starts(envs::training_seed(21 + pi as u64), &tok).unwrap();
-        let (alone, _) = play_episodes(&model, &tok, &t, &one, g, &p, pi, ChooseOn::Auto).unwrap();
+        let (alone, _) = play_episodes(&model, &tok, &t, &one, g, &p, pi, on).unwrap();
         for j in 0..g {
             let (a, b) = (&group[j].trajectory, &alone[0][j].trajectory);
             assert_eq!(a.ids, b.ids, "prompt {pi} episode {j}");
