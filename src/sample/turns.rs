@@ -170,7 +170,7 @@ pub fn sample_turns(
     } else {
         choose_on.resolve(&device)
     };
-    let mut host = vec![RowSampler::new()];
+    let mut host = vec![RowSampler::new(); candle_core::utils::get_num_threads().max(1)];
     let mut dev: Option<DeviceSampler> = None;
 
     // ---- prefill the distinct prompts used
@@ -374,21 +374,40 @@ fn choose(
                 .to_dtype(DType::F32)?
                 .flatten_all()?
                 .to_vec1::<f32>()?;
-            let s = &mut host[0];
-            Ok(live
+            // the live rows, in `live` order, spread over the samplers' threads
+            let mut slots: Vec<Option<&mut Row>> = st.iter_mut().map(Some).collect();
+            let mut refs: Vec<&mut Row> = live
                 .iter()
-                .enumerate()
-                .map(|(j, &k)| {
-                    let r = &mut st[batch[k]];
+                .filter_map(|&k| slots.get_mut(batch[k]).and_then(Option::take))
+                .collect();
+            ensure!(
+                refs.len() == live.len(),
+                "a live row appears twice in the batch"
+            );
+            let per = live.len().div_ceil(host.len().max(1));
+            let mut out: Vec<Option<Choice>> = vec![None; live.len()];
+            let work = |rows: &mut [&mut Row],
+                        l: &[f32],
+                        out: &mut [Option<Choice>],
+                        s: &mut RowSampler| {
+                for ((r, o), lrow) in rows.iter_mut().zip(out).zip(l.chunks(vocab)) {
                     let generated = r.t.ids.len() - r.turn_start;
-                    s.choose(
-                        &l[j * vocab..(j + 1) * vocab],
-                        params,
-                        &r.context,
-                        generated,
-                        &mut r.rng,
-                    )
-                })
+                    *o = Some(s.choose(lrow, params, &r.context, generated, &mut r.rng));
+                }
+            };
+            std::thread::scope(|scope| {
+                for (((rows, l), o), s) in refs
+                    .chunks_mut(per)
+                    .zip(l.chunks(per * vocab))
+                    .zip(out.chunks_mut(per))
+                    .zip(host.iter_mut())
+                {
+                    scope.spawn(move || work(rows, l, o, s));
+                }
+            });
+            Ok(out
+                .into_iter()
+                .map(|c| c.expect("every live row chosen"))
                 .collect())
         }
     }
