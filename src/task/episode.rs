@@ -15,7 +15,7 @@
 //!   stay in the context (see `shared/design/grpo.md`).
 //! - **Token ids are appended, never re-rendered**: an environment turn (the step's
 //!   feedback for the seat, if any, then its next observation's last message,
-//!   [`crate::envs::Environment::turn_message`]) is rendered on its own by the chat
+//!   `turn_message` on `dyn Environment`) is rendered on its own by the chat
 //!   template ([`Renderer::render_env_turn`]) and its ids are appended to the
 //!   trajectory and fed to the KV cache ([`crate::sample::sample_turns`]): the ids the
 //!   model saw are the ids the loss sees.
