@@ -51,6 +51,15 @@ impl Batch {
         self.rollouts.iter().map(|r| r.completion_ids.len()).sum()
     }
 
+    /// Completion tokens the model sampled (environment tokens of episode mode left
+    /// out; the same as [`Batch::gen_tokens`] in decision mode).
+    pub fn sampled_tokens(&self) -> usize {
+        self.rollouts
+            .iter()
+            .map(|r| r.env_mask.iter().filter(|&&m| m > 0.0).count())
+            .sum()
+    }
+
     /// Prompt tokens over all rollouts (each completion counts its prompt).
     pub fn prompt_tokens(&self) -> usize {
         self.rollouts.iter().map(|r| r.prompt_ids.len()).sum()

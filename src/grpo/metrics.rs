@@ -60,7 +60,7 @@ pub fn row(batch: &Batch, upd: &UpdateStats) -> StepRow {
         grad_norm: upd.grad_norm,
         learning_rate: upd.learning_rate,
         skipped: if upd.skipped { 1.0 } else { 0.0 },
-        gen_tokens_per_s: batch.gen_tokens() as f64 / batch.gen_secs.max(1e-9),
+        gen_tokens_per_s: batch.sampled_tokens() as f64 / batch.gen_secs.max(1e-9),
         train_tokens_per_s: upd.trained_tokens as f64 / upd.secs.max(1e-9),
         ..episode_columns(batch)
     }
