@@ -17,10 +17,11 @@
 //! then runs until `run.steps`. Each prompt of a step comes from one environment of the
 //! stage's mixture, drawn with the `envs` weights. `[stage.grpo]` / `[stage.optim]`
 //! override top-level keys for that stage only. A config without stages is one
-//! open-ended stage named `main` on `[env]`.
+//! open-ended stage named `main` on `[env]` (in `[env] mode = "episode"` too, which
+//! stages do not take yet).
 use crate::config::stage::{check, length_of, resolve_config, stage_envs, StageLength};
 use crate::config::Config;
-use crate::task::{EnvTask, MixtureTask, Task};
+use crate::task::{episode::EpisodeTask, EnvTask, MixtureTask, Task};
 use anyhow::{anyhow, Result};
 
 /// A stage ready to train: its resolved config (overrides applied) and its task.
@@ -38,11 +39,19 @@ pub fn build(cfg: &Config) -> Result<Vec<Stage>> {
             .env
             .as_ref()
             .ok_or_else(|| anyhow!("missing [env] (or [[stage]] tables)"))?;
+        let task: Box<dyn Task> = if env.is_episode() {
+            Box::new(
+                EpisodeTask::new(&env.name, &env.options, env.shaped_rewards)?
+                    .with_max_turn_tokens(env.max_turn_tokens),
+            )
+        } else {
+            Box::new(EnvTask::new(&env.name, &env.options)?)
+        };
         return Ok(vec![Stage {
             name: "main".into(),
             length: StageLength::Open,
             cfg: cfg.clone(),
-            task: Box::new(EnvTask::new(&env.name, &env.options)?),
+            task,
         }]);
     }
     check(cfg)?;

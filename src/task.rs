@@ -4,14 +4,18 @@
 //!
 //! - [`EnvTask`]: one registry environment; each prompt is one policy seat's decision.
 //! - [`MixtureTask`]: several environments, each prompt's environment drawn by weight.
+//! - [`episode::EpisodeTask`]: one registry environment in episode mode; each prompt is
+//!   one policy seat at the start of an episode, each completion a whole trajectory.
 //! - tests implement [`Task`] directly for toy rewards.
 use crate::config::Config;
 use crate::envs::{self, EnvFactory, Reward};
 use crate::model::qwen2::Qwen2;
 use crate::rng::mix_seeds as mix;
-use crate::sample::Completion;
+use crate::sample::{ChooseOn, Completion, SampleStats, SamplingParams, Trajectory};
 use anyhow::{Context, Result};
 use std::any::Any;
+
+pub mod episode;
 
 /// Chat rendering, decoding and stop tokens: the model's tokenizer, or [`IdRenderer`]
 /// (ids as text) in tests. One trait, shared with the sampler.
@@ -43,6 +47,41 @@ pub trait Task {
         let _ = prompt;
         self.name()
     }
+    /// Episode mode: the task plays whole trajectories instead of scoring single
+    /// completions (default: `None`).
+    fn as_episodes(&self) -> Option<&dyn Episodes> {
+        None
+    }
+}
+
+/// A task whose completions are whole trajectories ([`episode::EpisodeTask`]).
+pub trait Episodes {
+    /// Play `g` episodes of every prompt, sampling the model's turns with `params`;
+    /// returns, per prompt, its `g` trajectories. Prompt `p`'s episode `j` samples from
+    /// RNG stream `(stream_base + p, j)`.
+    #[allow(clippy::too_many_arguments)]
+    fn play(
+        &self,
+        model: &Qwen2,
+        renderer: &dyn Renderer,
+        prompts: &[TaskPrompt],
+        g: usize,
+        params: &SamplingParams,
+        stream_base: usize,
+        choose_on: ChooseOn,
+    ) -> Result<(Vec<Vec<Played>>, SampleStats)>;
+}
+
+/// One seat's played trajectory.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Played {
+    pub trajectory: Trajectory,
+    /// The seat's reward at the end of the episode, plus the `step_rewards` component.
+    pub reward: Reward,
+    /// The sum of the seat's step rewards.
+    pub step_rewards: f64,
+    /// The seat's own text of every model turn that was played.
+    pub texts: Vec<String>,
 }
 
 /// A registry environment: each prompt is one policy seat's decision.

@@ -92,10 +92,7 @@ fn config(dir: &Path, name: &str, steps: usize) -> Config {
     c.optim.learning_rate = 2e-2;
     c.optim.max_grad_norm = 1.0;
     c.optim.schedule = Schedule::Constant;
-    c.env = Some(EnvConfig {
-        name: "token_share".into(),
-        options: Default::default(),
-    });
+    c.env = Some(EnvConfig::new("token_share", Default::default()));
     c
 }
 

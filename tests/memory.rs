@@ -39,6 +39,7 @@ fn update(o: &OptimConfig) -> anyhow::Result<(UpdateStats, Vec<Tensor>)> {
         score_secs: 0.0,
         prompt_draws: 2,
         frac_zero_std_drawn: 0.0,
+        turns: Vec::new(),
     };
     let g = GrpoConfig {
         num_iterations: 2,

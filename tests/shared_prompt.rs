@@ -244,6 +244,7 @@ fn update_with_share_prompt_matches() {
             score_secs: 0.0,
             prompt_draws: 2,
             frac_zero_std_drawn: 0.0,
+            turns: Vec::new(),
         };
         let g = GrpoConfig {
             num_iterations: 2,

@@ -486,9 +486,55 @@ impl Default for OptimConfig {
 pub struct EnvConfig {
     /// Registry name (`ticketmelt`, `merge_ring`, ...).
     pub name: String,
+    /// `decision` (default): each completion is one decision, scored by finishing the
+    /// episode with the continuation policy; `episode`: each completion is a whole
+    /// trajectory (see [`crate::task::episode`]).
+    #[serde(default, skip_serializing_if = "EnvMode::is_decision")]
+    pub mode: EnvMode,
+    /// Episode mode: the scalar reward is the sum of the seat's step rewards (logged as
+    /// `rewards/step_rewards`) instead of its episode reward.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub shaped_rewards: bool,
+    /// Episode mode: a model turn that reaches this many tokens ends there (its text is
+    /// played as it is; 0: turns end only at a stop token or the completion budget).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub max_turn_tokens: usize,
     /// Free table, validated by the environment.
     #[serde(default)]
     pub options: toml::Table,
+}
+
+/// What one completion is (`[env] mode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum EnvMode {
+    /// One policy seat's decision at one state.
+    #[default]
+    Decision,
+    /// A whole trajectory: model turns and environment turns.
+    Episode,
+}
+
+impl EnvMode {
+    pub fn is_decision(&self) -> bool {
+        *self == EnvMode::Decision
+    }
+}
+
+impl EnvConfig {
+    /// An `[env]` in decision mode with these options.
+    pub fn new(name: impl Into<String>, options: toml::Table) -> Self {
+        Self {
+            name: name.into(),
+            mode: EnvMode::Decision,
+            shaped_rewards: false,
+            max_turn_tokens: 0,
+            options,
+        }
+    }
+    pub fn is_episode(&self) -> bool {
+        self.mode == EnvMode::Episode
+    }
 }
 
 /// Where a config came from, for error messages.

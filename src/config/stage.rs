@@ -215,7 +215,7 @@ fn options_for(cfg: &Config, s: &StageSpec, env: &str) -> Options {
         return o.clone();
     }
     match &cfg.env {
-        Some(EnvConfig { name, options }) if name == env => options.clone(),
+        Some(EnvConfig { name, options, .. }) if name == env => options.clone(),
         _ => Options::new(),
     }
 }
@@ -235,15 +235,14 @@ pub fn resolve_config(cfg: &Config, s: &StageSpec) -> Result<Config> {
     out.stages.clear();
     if out.env.is_none() {
         // Validation wants an environment; the stage's mixture is checked separately.
-        out.env = Some(EnvConfig {
-            name: s
-                .envs
+        out.env = Some(EnvConfig::new(
+            s.envs
                 .keys()
                 .next()
                 .cloned()
                 .unwrap_or_else(|| "stage".into()),
-            options: Options::new(),
-        });
+            Options::new(),
+        ));
     }
     out.revalidate()?;
     Ok(out)

@@ -32,6 +32,33 @@ impl Config {
                 format!("{} exceeds the limit of {}", r.steps, limits::MAX_STEPS),
             ));
         }
+        if self.env.as_ref().is_some_and(|e| e.is_episode()) {
+            if !self.stages.is_empty() {
+                return Err(err(
+                    "env",
+                    "mode",
+                    "`episode` does not combine with [[stage]] curricula yet: \
+                     use one [env] without stages, or mode = \"decision\""
+                        .into(),
+                ));
+            }
+            if self.grpo.dynamic_sampling {
+                return Err(err(
+                    "env",
+                    "mode",
+                    "`episode` does not combine with grpo.dynamic_sampling yet".into(),
+                ));
+            }
+        } else if let Some(env) = &self.env {
+            for (key, set) in [
+                ("shaped_rewards", env.shaped_rewards),
+                ("max_turn_tokens", env.max_turn_tokens > 0),
+            ] {
+                if set {
+                    return Err(err("env", key, "applies to mode = \"episode\" only".into()));
+                }
+            }
+        }
         let m = &self.model;
         if m.name.trim().is_empty() {
             return Err(ValidationError {

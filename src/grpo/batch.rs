@@ -1,5 +1,7 @@
 //! Collect: one step's prompts -> G completions each, sampled with the very weights
-//! being trained -> rewards, scored inline by the task -> group advantages.
+//! being trained -> rewards, scored inline by the task -> group advantages. In episode
+//! mode ([`crate::task::episode`]) a completion is a whole trajectory, played and scored
+//! by the environment while it is sampled.
 //!
 //! With `dynamic_sampling` (DAPO, Yu et al. 2025, "DAPO: An Open-Source LLM
 //! Reinforcement Learning System at Scale", §3.2) groups whose rewards are all equal
@@ -15,8 +17,8 @@ use super::pack::Rollout;
 use crate::config::{GrpoConfig, MultiObjectiveAggregation};
 use crate::model::qwen2::Qwen2;
 use crate::rng::mix_seeds as mix;
-use crate::sample::{self, FinishReason};
-use crate::task::{Renderer, Task, TaskPrompt};
+use crate::sample::{self, ChooseOn, FinishReason};
+use crate::task::{Episodes, Renderer, Task, TaskPrompt};
 use anyhow::{bail, Result};
 use std::time::Instant;
 
@@ -35,6 +37,8 @@ pub struct Batch {
     pub prompt_draws: usize,
     /// `frac_reward_zero_std` of every group drawn, before dynamic sampling kept some.
     pub frac_zero_std_drawn: f64,
+    /// Episode mode: model turns of each rollout (empty in decision mode).
+    pub turns: Vec<usize>,
 }
 
 impl Batch {
@@ -47,6 +51,15 @@ impl Batch {
         self.rollouts.iter().map(|r| r.completion_ids.len()).sum()
     }
 
+    /// Completion tokens the model sampled (environment tokens of episode mode left
+    /// out; the same as [`Batch::gen_tokens`] in decision mode).
+    pub fn sampled_tokens(&self) -> usize {
+        self.rollouts
+            .iter()
+            .map(|r| r.env_mask.iter().filter(|&&m| m > 0.0).count())
+            .sum()
+    }
+
     /// Prompt tokens over all rollouts (each completion counts its prompt).
     pub fn prompt_tokens(&self) -> usize {
         self.rollouts.iter().map(|r| r.prompt_ids.len()).sum()
@@ -57,6 +70,8 @@ impl Batch {
 struct Group {
     prompt: TaskPrompt,
     rollouts: Vec<Rollout>,
+    /// Episode mode: model turns of each rollout.
+    turns: Vec<usize>,
 }
 
 impl Group {
@@ -85,6 +100,9 @@ fn draw(
 ) -> Result<Vec<Group>> {
     let gsize = g.num_generations;
     let prompts = task.prompts(seed, n, renderer)?;
+    if let Some(ep) = task.as_episodes() {
+        return draw_episodes(model, renderer, ep, g, seed, prompts, timing);
+    }
     let prompt_ids: Vec<Vec<u32>> = prompts.iter().map(|p| p.ids.clone()).collect();
     let params = g.sampling_params(renderer.stop_ids(), mix(seed, 1));
     let decode = |ids: &[u32]| renderer.decode(ids);
@@ -118,9 +136,68 @@ fn draw(
                 old_logp: None,
             });
         }
-        groups.push(Group { prompt, rollouts });
+        groups.push(Group {
+            prompt,
+            rollouts,
+            turns: Vec::new(),
+        });
     }
     timing.score += t.elapsed().as_secs_f64();
+    Ok(groups)
+}
+
+/// Episode mode: play G whole episodes from each prompt's start state (see
+/// [`crate::task::episode`]); each seat's trajectory is one rollout of its prompt.
+fn draw_episodes(
+    model: &Qwen2,
+    renderer: &dyn Renderer,
+    task: &dyn Episodes,
+    g: &GrpoConfig,
+    seed: u64,
+    prompts: Vec<TaskPrompt>,
+    timing: &mut Timing,
+) -> Result<Vec<Group>> {
+    let params = g.sampling_params(renderer.stop_ids(), mix(seed, 1));
+    let t = Instant::now();
+    let (played, _) = task.play(
+        model,
+        renderer,
+        &prompts,
+        g.num_generations,
+        &params,
+        0,
+        ChooseOn::Auto,
+    )?;
+    // the environments step inside the sampler: their time counts as sampling
+    timing.sample += t.elapsed().as_secs_f64();
+    let mut groups = Vec::with_capacity(prompts.len());
+    for (pi, (prompt, plays)) in prompts.into_iter().zip(played).enumerate() {
+        let mut rollouts = Vec::with_capacity(plays.len());
+        let mut turns = Vec::with_capacity(plays.len());
+        for p in plays {
+            let tr = p.trajectory;
+            let scalar = weighted_reward(&p.reward.components, p.reward.scalar, &g.reward_weights);
+            turns.push(tr.model_turns);
+            rollouts.push(Rollout {
+                group: pi,
+                prompt_ids: prompt.ids.clone(),
+                text: renderer.decode(&tr.ids)?,
+                env_mask: tr.env_mask,
+                sampler_logp: Some(tr.full_logprobs),
+                completion_ids: tr.ids,
+                truncated: tr.truncated,
+                reward: p.reward,
+                scalar,
+                advantage: 0.0,
+                old_logp: None,
+            });
+        }
+        groups.push(Group {
+            prompt,
+            rollouts,
+            turns,
+        });
+    }
     Ok(groups)
 }
 
@@ -139,6 +216,12 @@ pub fn collect(
     let mut timing = Timing::default();
     // Round 0 draws exactly what a step without dynamic sampling draws.
     let mut drawn = draw(model, renderer, task, g, seed, want, &mut timing)?;
+    // episode mode: a start state gives one group per policy seat (self-play: several)
+    let want = if task.as_episodes().is_some() {
+        drawn.len()
+    } else {
+        want
+    };
     let mut round = 0u64;
     while g.dynamic_sampling
         && drawn.len() < budget
@@ -175,8 +258,10 @@ pub fn collect(
 
     let mut prompts = Vec::with_capacity(chosen.len());
     let mut rollouts = Vec::with_capacity(chosen.len() * g.num_generations);
+    let mut turns = Vec::new();
     for (gi, group) in chosen.into_iter().enumerate() {
         prompts.push(group.prompt);
+        turns.extend(group.turns);
         rollouts.extend(
             group
                 .rollouts
@@ -211,5 +296,6 @@ pub fn collect(
         score_secs: timing.score,
         prompt_draws,
         frac_zero_std_drawn,
+        turns,
     })
 }

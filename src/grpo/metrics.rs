@@ -60,8 +60,31 @@ pub fn row(batch: &Batch, upd: &UpdateStats) -> StepRow {
         grad_norm: upd.grad_norm,
         learning_rate: upd.learning_rate,
         skipped: if upd.skipped { 1.0 } else { 0.0 },
-        gen_tokens_per_s: batch.gen_tokens() as f64 / batch.gen_secs.max(1e-9),
+        gen_tokens_per_s: batch.sampled_tokens() as f64 / batch.gen_secs.max(1e-9),
         train_tokens_per_s: upd.trained_tokens as f64 / upd.secs.max(1e-9),
+        ..episode_columns(batch)
+    }
+}
+
+/// The `episode/*` columns (zero in decision mode).
+fn episode_columns(batch: &Batch) -> StepRow {
+    if batch.turns.is_empty() {
+        return StepRow::default();
+    }
+    let rollouts = &batch.rollouts;
+    let n = rollouts.len().max(1) as f64;
+    let model: f64 = rollouts
+        .iter()
+        .map(|r| r.env_mask.iter().map(|&m| m as f64).sum::<f64>())
+        .sum();
+    let all: f64 = rollouts.iter().map(|r| r.completion_ids.len() as f64).sum();
+    let turns: Vec<f64> = batch.turns.iter().map(|&t| t as f64).collect();
+    StepRow {
+        episode_mean_turns: mean(&turns),
+        episode_max_turns: turns.iter().cloned().fold(0.0, f64::max),
+        episode_model_tokens: model / n,
+        episode_env_tokens: (all - model) / n,
+        episode_truncated_frac: rollouts.iter().filter(|r| r.truncated).count() as f64 / n,
         ..StepRow::default()
     }
 }

@@ -409,6 +409,9 @@ fn optional_columns(stages: &[Stage]) -> log::OptionalColumns {
         dynamic_sampling: any(&|g| g.dynamic_sampling),
         cispo: any(&|g| g.loss_type == crate::config::LossType::Cispo),
         vespo: any(&|g| g.loss_type == crate::config::LossType::Vespo),
+        episode: stages
+            .iter()
+            .any(|s| s.cfg.env.as_ref().is_some_and(|e| e.is_episode())),
     }
 }
 

@@ -345,6 +345,91 @@ impl KvCache {
         })
     }
 
+    /// The same cache with room for `extra` more columns (the written columns copied):
+    /// multi-turn sampling grows it when an environment turn does not fit.
+    pub fn grow(&self, extra: usize) -> Result<KvCache> {
+        let ml = self.max_len + extra;
+        let pad = |t: &Tensor| -> Result<Tensor> {
+            let (b, h, _, d) = t.dims4()?;
+            let z = Tensor::zeros((b, h, extra, d), t.dtype(), t.device())?;
+            Ok(Tensor::cat(&[t, &z], 2)?)
+        };
+        let mut key_valid = vec![0u8; self.batch * ml];
+        for r in 0..self.batch {
+            key_valid[r * ml..r * ml + self.max_len]
+                .copy_from_slice(&self.key_valid[r * self.max_len..(r + 1) * self.max_len]);
+        }
+        Ok(KvCache {
+            k: self.k.iter().map(pad).collect::<Result<_>>()?,
+            v: self.v.iter().map(pad).collect::<Result<_>>()?,
+            batch: self.batch,
+            max_len: ml,
+            len: self.len,
+            key_valid,
+            next_pos: self.next_pos.clone(),
+        })
+    }
+
+    /// Real (unmasked) columns of the fullest row.
+    pub fn max_real_columns(&self) -> usize {
+        (0..self.batch)
+            .map(|r| {
+                self.key_valid[r * self.max_len..r * self.max_len + self.len]
+                    .iter()
+                    .filter(|&&v| v != 0)
+                    .count()
+            })
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// The same cache with every row's real columns moved to the left, in order, and
+    /// the masked ones dropped (`len` becomes the fullest row's count): rows that
+    /// appended different numbers of tokens at different steps waste columns, and this
+    /// gives them back. Attention is unchanged (keys keep their RoPE positions and
+    /// order; masked keys were never attended to).
+    pub fn compact(&self) -> Result<KvCache> {
+        let ml = self.max_len;
+        let len = self.max_real_columns();
+        let dev = self
+            .k
+            .first()
+            .map(|t| t.device().clone())
+            .unwrap_or(Device::Cpu);
+        let mut idx = Vec::with_capacity(self.batch * len);
+        let mut key_valid = vec![0u8; self.batch * ml];
+        for r in 0..self.batch {
+            let real: Vec<usize> = (0..self.len)
+                .filter(|&j| self.key_valid[r * ml + j] != 0)
+                .collect();
+            for c in 0..len {
+                // padding columns repeat column 0 (masked anyway)
+                let j = real.get(c).copied().unwrap_or(0);
+                idx.push((r * ml + j) as u32);
+                key_valid[r * ml + c] = u8::from(c < real.len());
+            }
+        }
+        let idx = Tensor::from_vec(idx, self.batch * len, &dev)?;
+        let pack = |t: &Tensor| -> Result<Tensor> {
+            let (b, h, _, d) = t.dims4()?;
+            let rows = t.transpose(1, 2)?.contiguous()?.reshape((b * ml, h * d))?;
+            let kept = rows.index_select(&idx, 0)?.reshape((b, len, h, d))?;
+            let z = Tensor::zeros((b, ml - len, h, d), t.dtype(), t.device())?;
+            Ok(Tensor::cat(&[&kept, &z], 1)?
+                .transpose(1, 2)?
+                .contiguous()?)
+        };
+        Ok(KvCache {
+            k: self.k.iter().map(pack).collect::<Result<_>>()?,
+            v: self.v.iter().map(pack).collect::<Result<_>>()?,
+            batch: self.batch,
+            max_len: ml,
+            len,
+            key_valid,
+            next_pos: self.next_pos.clone(),
+        })
+    }
+
     /// Each row repeated `g` times consecutively: rows `[0,0,..,1,1,..]`.
     pub fn repeat_rows(&self, g: usize) -> Result<KvCache> {
         let rows: Vec<usize> = (0..self.batch)

@@ -177,6 +177,35 @@ impl Tokenizer {
             .map_err(|e| anyhow!("rendering the chat template: {e:#}"))
     }
 
+    /// The text of an environment turn (see [`Renderer::render_env_turn`]), read off the
+    /// template itself: a conversation ending in an assistant answer is rendered without
+    /// and with one more user message (and the generation prompt); the turn is what the
+    /// second adds, preceded by what the template writes after the answer's content.
+    pub fn env_turn_text(&self, content: &str, ended_with: Option<u32>) -> Result<String> {
+        const ANSWER: &str = "\u{1}concord-answer\u{1}";
+        let base = [
+            Message::system("s"),
+            Message::user("u"),
+            Message::assistant(ANSWER),
+        ];
+        let before = self.apply_chat_template(&base, false)?;
+        let mut longer = base.to_vec();
+        longer.push(Message::user(content));
+        let after = self.apply_chat_template(&longer, true)?;
+        let turn = after.strip_prefix(before.as_str()).with_context(|| {
+            "the chat template renders earlier turns differently once a user turn follows: \
+             environment turns cannot be appended"
+        })?;
+        let at = before
+            .rfind(ANSWER)
+            .context("the chat template drops the assistant's answer")?;
+        let mut tail = &before[at + ANSWER.len()..];
+        if let Some(stop) = ended_with.and_then(|id| self.id_to_token(id)) {
+            tail = tail.strip_prefix(stop.as_str()).unwrap_or(tail);
+        }
+        Ok(format!("{tail}{turn}"))
+    }
+
     /// Chat template + tokenization without special tokens: the prompt ids.
     pub fn encode_chat(
         &self,
@@ -260,6 +289,18 @@ pub trait Renderer {
     fn encode_text(&self, text: &str) -> Result<Vec<u32>> {
         anyhow::bail!("this renderer cannot encode text ({} bytes)", text.len())
     }
+    /// The token ids of one environment turn of a multi-turn conversation, rendered on
+    /// its own so that they can be appended to the ids so far (never re-rendered from
+    /// text): the rest of the chat template's assistant turn after the model's answer
+    /// (without the stop token `ended_with` the model already wrote), a user turn holding
+    /// `content`, and the generation prompt. Only a chat template can.
+    fn render_env_turn(&self, content: &str, ended_with: Option<u32>) -> Result<Vec<u32>> {
+        let _ = ended_with;
+        anyhow::bail!(
+            "this renderer has no chat template for environment turns ({} bytes)",
+            content.len()
+        )
+    }
 }
 
 impl Renderer for Tokenizer {
@@ -276,6 +317,9 @@ impl Renderer for Tokenizer {
     }
     fn encode_text(&self, text: &str) -> Result<Vec<u32>> {
         self.encode(text)
+    }
+    fn render_env_turn(&self, content: &str, ended_with: Option<u32>) -> Result<Vec<u32>> {
+        self.encode(&self.env_turn_text(content, ended_with)?)
     }
 }
 

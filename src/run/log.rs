@@ -65,6 +65,14 @@ pub struct StepRow {
     pub step_time: f64,
     /// Cumulative training wall time.
     pub seconds: f64,
+    /// Episode mode: model turns per trajectory (mean and max).
+    pub episode_mean_turns: f64,
+    pub episode_max_turns: f64,
+    /// Episode mode: model tokens and environment tokens per trajectory (means).
+    pub episode_model_tokens: f64,
+    pub episode_env_tokens: f64,
+    /// Episode mode: share of trajectories cut by `max_completion_length`.
+    pub episode_truncated_frac: f64,
 }
 
 type Column = (&'static str, fn(&StepRow) -> f64);
@@ -136,6 +144,15 @@ pub const CISPO_COLUMNS: &[Column] = &[("cispo_clip_ratio", |r| r.cispo_clip_rat
 /// Written last by runs with `grpo.loss_type = "vespo"` (in any stage).
 pub const VESPO_COLUMNS: &[Column] = &[("vespo/phi_seq_mean", |r| r.vespo_phi_mean)];
 
+/// Written last by runs in `[env] mode = "episode"` (whole trajectories).
+pub const EPISODE_COLUMNS: &[Column] = &[
+    ("episode/mean_turns", |r| r.episode_mean_turns),
+    ("episode/max_turns", |r| r.episode_max_turns),
+    ("episode/model_tokens", |r| r.episode_model_tokens),
+    ("episode/env_tokens", |r| r.episode_env_tokens),
+    ("episode/truncated_frac", |r| r.episode_truncated_frac),
+];
+
 /// The column groups only some runs write.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct OptionalColumns {
@@ -145,6 +162,8 @@ pub struct OptionalColumns {
     pub cispo: bool,
     /// [`VESPO_COLUMNS`].
     pub vespo: bool,
+    /// [`EPISODE_COLUMNS`].
+    pub episode: bool,
 }
 
 /// Columns whose values depend on wall time (excluded when comparing runs).
@@ -171,6 +190,7 @@ pub fn csv_header(components: &[String], optional: OptionalColumns) -> Vec<Strin
     for (on, cols) in [
         (optional.cispo, CISPO_COLUMNS),
         (optional.vespo, VESPO_COLUMNS),
+        (optional.episode, EPISODE_COLUMNS),
     ] {
         if on {
             h.extend(cols.iter().map(|(n, _)| n.to_string()));
@@ -214,6 +234,7 @@ pub fn csv_line(header: &[String], row: &StepRow) -> String {
             .chain(TAIL_COLUMNS)
             .chain(CISPO_COLUMNS)
             .chain(VESPO_COLUMNS)
+            .chain(EPISODE_COLUMNS)
             .find(|(n, _)| *n == c)
             .map_or(String::new(), |(_, get)| fmt_f(get(row)))
     };

@@ -8,6 +8,8 @@
 //! - [`device`]: the same token choice as tensor ops on the model's device;
 //! - this module: the batched sampler over the model ([`sample_groups`],
 //!   [`sample_requests`]) with one prefill per prompt and a shared KV cache;
+//! - [`turns`]: multi-turn sampling, model turns alternating with outside (environment)
+//!   turns on one KV cache ([`sample_turns`]);
 //! - [`generate`]: the `concord generate` and `concord bench sample` entry points.
 //!
 //! Processing order follows transformers' `generate`: repetition penalty, then
@@ -28,6 +30,7 @@ pub mod generate;
 pub mod params;
 pub mod row;
 pub mod stop;
+pub mod turns;
 
 pub use device::DeviceSampler;
 pub use generate::{
@@ -37,6 +40,7 @@ pub use generate::{
 pub use params::{Completion, FinishReason, SamplingOverrides, SamplingParams};
 pub use row::{row_rng, Choice, RowSampler};
 pub use stop::{check_finish, completion_text, StopMatcher};
+pub use turns::{sample_turns, Reply, Trajectory, TurnEnd, TurnEvent, TurnRow, TurnSource};
 
 /// One prompt of a batch and which RNG streams its completions use: completion `j`
 /// (of `num`) draws from `row_rng(seed, stream_prompt, first_sample + j)`.
