@@ -584,6 +584,17 @@ fn whispers_episode_smoke_config_trains() {
 }
 
 #[test]
+fn postmortem_episode_smoke_config_trains() {
+    let log = smoke(
+        "configs/postmortem-episode-smoke.toml",
+        "postmortem-episode-smoke",
+    );
+    assert_eq!(log.lines().count(), 3, "{log}");
+    assert!(column(&log, "episode/mean_turns").iter().all(|&t| t >= 2.0));
+    assert!(column(&log, "episode/env_tokens").iter().all(|&t| t > 0.0));
+}
+
+#[test]
 fn config_keys_are_checked() {
     let base = "[run]\nsteps = 1\n[model]\nname = \"tiny\"\n";
     let ok = Config::from_toml_str(

@@ -502,28 +502,14 @@ pub struct PreparedRun {
 /// The first half of [`run_train`]: everything validated, then the run directory locked
 /// and checked ([`crate::run::dir::claim`]).
 pub fn prepare_train(opts: &TrainOptions) -> Result<PreparedRun> {
-    if opts.overwrite && opts.resume.is_some() {
-        bail!("--overwrite and --resume exclude each other");
-    }
-    let cfg_path = match (&opts.config, &opts.resume) {
-        (Some(c), _) => c.clone(),
-        (None, Some(dir)) => dir.join("config.toml"),
-        (None, None) => bail!("give --config FILE (or --resume RUN_DIR)"),
-    };
-    let mut cfg = Config::load(&cfg_path, &opts.sets)?;
-    // Relative paths are taken from the current directory (where the quickstart's
-    // `runs/` has always gone) and recorded absolute in the run's config.toml.
-    let cwd = std::env::current_dir().context("reading the current directory")?;
-    cfg.resolve_paths(&cwd);
+    let (cfg_path, cfg) = crate::run::dir::load_run_config(
+        opts.config.as_deref(),
+        opts.resume.as_deref(),
+        opts.overwrite,
+        &opts.sets,
+    )?;
     let run_dir = cfg.run_dir();
-    if let Some(dir) = &opts.resume {
-        if std::fs::canonicalize(dir).ok() != std::fs::canonicalize(&run_dir).ok() {
-            bail!(
-                "--resume {} but the config's run directory is {}",
-                dir.display(),
-                run_dir.display()
-            );
-        }
+    if opts.resume.is_some() {
         check_resume_keys(&cfg, &run_dir)?;
     }
     let stages = crate::curriculum::build(&cfg).map_err(|e| {

@@ -90,6 +90,41 @@ pub fn previous_run(run_dir: &Path) -> Result<Vec<String>> {
 /// Lock `run_dir` for `command` (`train`, `sft`) and make sure it is free: a directory
 /// holding an earlier run is refused unless `resume` (continue it) or `overwrite`
 /// (its files are removed first).
+/// The configuration of a `train` / `sft` invocation: `config`, or with only `--resume
+/// DIR` the run's own `DIR/config.toml`, with `sets` applied and relative paths resolved
+/// against the current directory (recorded absolute in the run's config.toml). Refuses
+/// `--overwrite` with `--resume`, and a `--resume` directory that is not the config's
+/// run directory. Returns the config file's path and the config.
+pub fn load_run_config(
+    config: Option<&Path>,
+    resume: Option<&Path>,
+    overwrite: bool,
+    sets: &[String],
+) -> Result<(PathBuf, crate::config::Config)> {
+    if overwrite && resume.is_some() {
+        bail!("--overwrite and --resume exclude each other");
+    }
+    let cfg_path = match (config, resume) {
+        (Some(c), _) => c.to_path_buf(),
+        (None, Some(dir)) => dir.join("config.toml"),
+        (None, None) => bail!("give --config FILE (or --resume RUN_DIR)"),
+    };
+    let mut cfg = crate::config::Config::load(&cfg_path, sets)?;
+    let cwd = std::env::current_dir().context("reading the current directory")?;
+    cfg.resolve_paths(&cwd);
+    if let Some(dir) = resume {
+        let run_dir = cfg.run_dir();
+        if std::fs::canonicalize(dir).ok() != std::fs::canonicalize(&run_dir).ok() {
+            bail!(
+                "--resume {} but the config's run directory is {}",
+                dir.display(),
+                run_dir.display()
+            );
+        }
+    }
+    Ok((cfg_path, cfg))
+}
+
 pub fn claim(run_dir: &Path, resume: bool, overwrite: bool, command: &str) -> Result<RunLock> {
     let lock = RunLock::acquire(run_dir)?;
     let previous = previous_run(run_dir)?;

@@ -149,16 +149,12 @@ fn train_into(
 /// demonstration, then lock and claim the run directory (as `train` does: `--resume`,
 /// `--overwrite`) and train.
 pub fn run_sft(opts: SftOptions) -> Result<()> {
-    if opts.overwrite && opts.resume.is_some() {
-        bail!("--overwrite and --resume exclude each other");
-    }
-    let cfg_path = match (&opts.config, &opts.resume) {
-        (Some(c), _) => c.clone(),
-        (None, Some(dir)) => dir.join("config.toml"),
-        (None, None) => bail!("give --config FILE (or --resume RUN_DIR)"),
-    };
-    let mut cfg = Config::load(&cfg_path, &opts.sets)?;
-    cfg.resolve_paths(&std::env::current_dir().context("reading the current directory")?);
+    let (cfg_path, cfg) = crate::run::dir::load_run_config(
+        opts.config.as_deref(),
+        opts.resume.as_deref(),
+        opts.overwrite,
+        &opts.sets,
+    )?;
     if cfg.sft.is_none() {
         bail!(
             "{}: no [sft] section (source = \"jsonl\" | \"env\" | \"rejection\")",
@@ -166,15 +162,6 @@ pub fn run_sft(opts: SftOptions) -> Result<()> {
         );
     }
     let run_dir = cfg.run_dir();
-    if let Some(dir) = &opts.resume {
-        if std::fs::canonicalize(dir).ok() != std::fs::canonicalize(&run_dir).ok() {
-            bail!(
-                "--resume {} but the config's run directory is {}",
-                dir.display(),
-                run_dir.display()
-            );
-        }
-    }
     let (mut model, renderer, base) = crate::task::load_model(&cfg)?;
     // Bad data stops here, before the run directory is touched.
     let examples = build_examples(&cfg, &model, renderer.as_ref())?;
