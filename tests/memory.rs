@@ -2,13 +2,11 @@
 //! as one micro-batch, a row too big for the budget is an error naming the numbers, and
 //! activation checkpointing (`[optim] gradient_checkpointing`) gives the plain path's
 //! LoRA gradients. On the tiny random f32 model of `shared_prompt`.
-use crate::shared_prompt::{groups, model, model_with_dropout};
+use crate::shared_prompt::{batch_of, groups, model, model_with_dropout};
 use crate::util::{max_abs, max_abs_diff};
 use candle_core::backprop::GradStore;
 use candle_core::{Device, Tensor};
 use concord::config::{Config, GrpoConfig, OptimConfig};
-use concord::grpo::advantage::Advantages;
-use concord::grpo::batch::Batch;
 use concord::grpo::optim::{AdamW, AdamWParams, LrSchedule};
 use concord::grpo::pack::{pack, Packed, Rollout};
 use concord::grpo::update::{Forward, Learner, UpdateStats};
@@ -25,22 +23,7 @@ fn rows() -> Vec<Rollout> {
 fn update(o: &OptimConfig) -> anyhow::Result<(UpdateStats, Vec<Tensor>)> {
     let m = model();
     let rows = rows();
-    let mut batch = Batch {
-        prompts: Vec::new(),
-        advantages: Advantages {
-            values: rows.iter().map(|r| r.advantage).collect(),
-            reward_mean: 0.0,
-            reward_std: 0.0,
-            zero_std_groups: 0,
-            frac_reward_zero_std: 0.0,
-        },
-        rollouts: rows,
-        gen_secs: 0.0,
-        score_secs: 0.0,
-        prompt_draws: 2,
-        frac_zero_std_drawn: 0.0,
-        turns: Vec::new(),
-    };
+    let mut batch = batch_of(rows);
     let g = GrpoConfig {
         num_iterations: 2,
         beta: 0.05,

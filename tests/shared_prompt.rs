@@ -223,6 +223,26 @@ fn shared_micro_batches_cut_at_group_boundaries() {
     assert_eq!(cuts(&rows, &active, 0).len(), 1);
 }
 
+/// A collected step made of `rows` (their advantages as given, two groups drawn).
+pub fn batch_of(rows: Vec<Rollout>) -> Batch {
+    Batch {
+        prompts: Vec::new(),
+        advantages: Advantages {
+            values: rows.iter().map(|r| r.advantage).collect(),
+            reward_mean: 0.0,
+            reward_std: 0.0,
+            zero_std_groups: 0,
+            frac_reward_zero_std: 0.0,
+        },
+        rollouts: rows,
+        gen_secs: 0.0,
+        score_secs: 0.0,
+        prompt_draws: 2,
+        frac_zero_std_drawn: 0.0,
+        turns: Vec::new(),
+    }
+}
+
 /// One `Learner::update` (two iterations, so old log-probs are recorded and reused) with
 /// `share_prompt` on and off: the same loss, gradient norm and adapter.
 #[test]
@@ -230,22 +250,7 @@ fn update_with_share_prompt_matches() {
     let run = |share: bool| {
         let m = model();
         let rows = groups(&[(7, &[5, 3, 6, 2]), (4, &[2, 6, 4, 5])], 4);
-        let mut batch = Batch {
-            prompts: Vec::new(),
-            advantages: Advantages {
-                values: rows.iter().map(|r| r.advantage).collect(),
-                reward_mean: 0.0,
-                reward_std: 0.0,
-                zero_std_groups: 0,
-                frac_reward_zero_std: 0.0,
-            },
-            rollouts: rows,
-            gen_secs: 0.0,
-            score_secs: 0.0,
-            prompt_draws: 2,
-            frac_zero_std_drawn: 0.0,
-            turns: Vec::new(),
-        };
+        let mut batch = batch_of(rows);
         let g = GrpoConfig {
             num_iterations: 2,
             beta: 0.05,
