@@ -267,6 +267,73 @@ fn device_and_host_choosers_pick_the_same_tokens() {
     }
 }
 
+/// Prompts that share a 24-token prefix (a system prompt), then differ in length and
+/// content; one is the prefix plus a single token.
+fn prompts_with_shared_prefix() -> Vec<Vec<u32>> {
+    let prefix: Vec<u32> = (0..24).map(|i| 30 + 7 * i).collect();
+    let tails: [&[u32]; 4] = [
+        &[5],
+        &[9, 200, 17, 3],
+        &[9, 201],
+        &[300, 301, 302, 11, 12, 13],
+    ];
+    tails
+        .iter()
+        .map(|t| prefix.iter().chain(t.iter()).copied().collect())
+        .collect()
+}
+
+/// The shared prefix is prefilled once and copied to every prompt: each completion
+/// equals sampling its prompt alone (no sharing), tokens and log-probs, and the
+/// recorded log-probs equal the training forward's.
+fn shared_prefix_prefill_equals_unshared(on: ChooseOn) {
+    let model = tiny_model(4);
+    let params = SamplingParams {
+        temperature: 1.0,
+        max_new_tokens: 8,
+        stop_token_ids: (0..512).step_by(11).collect(),
+        ..Default::default()
+    };
+    let ps = prompts_with_shared_prefix();
+    let dec = decoder();
+    let (out, stats) =
+        sample_requests_on(&model, &dec, &group_requests(&ps, 4), &params, 77, on).unwrap();
+    // 24 shared tokens computed once instead of 4 times
+    assert_eq!(stats.shared_prefix_tokens, 24 * 3);
+    assert_eq!(stats.prefill_tokens, ps.iter().map(Vec::len).sum::<usize>());
+    for (i, p) in ps.iter().enumerate() {
+        for (j, c) in out[i].iter().enumerate() {
+            let a = alone(&model, p, i, j, &params, 77, on);
+            assert_eq!(c.ids, a.ids, "prompt {i} sample {j}");
+            assert_eq!(c.finish_reason, a.finish_reason);
+            for (x, y) in c.full_logprobs.iter().zip(&a.full_logprobs) {
+                assert!((x - y).abs() < 1e-4, "{x} vs {y}");
+            }
+            let mut seq = p.clone();
+            seq.extend(&c.ids);
+            let ids = Tensor::from_vec(seq.clone(), (1, seq.len()), &Device::Cpu).unwrap();
+            let lp = model
+                .sequence_logprobs(&ids, None, Mode::Detached, 1.0, false)
+                .unwrap();
+            let lp = lp.logprobs.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+            for (k, w) in lp[p.len() - 1..].iter().enumerate() {
+                assert!(
+                    (c.full_logprobs[k] - w).abs() < 1e-4,
+                    "{} vs {w}",
+                    c.full_logprobs[k]
+                );
+            }
+        }
+    }
+    // greedy, too: the same tokens as full recomputation
+    let greedy = SamplingParams::greedy(10);
+    let (out, _) =
+        sample_requests_on(&model, &dec, &group_requests(&ps, 1), &greedy, 0, on).unwrap();
+    for (i, p) in ps.iter().enumerate() {
+        assert_eq!(out[i][0].ids, naive_greedy(&model, p, 10), "prompt {i}");
+    }
+}
+
 /// Each check runs with tokens chosen on the host and with the device chooser (tensor
 /// ops, here on the CPU): `name::host` and `name::device`.
 macro_rules! on_both_choosers {
@@ -290,6 +357,7 @@ on_both_choosers!(
     every_row_matches_sampling_it_alone,
     recorded_logprobs_match_training_forward,
     eos_min_new_tokens_and_stop_strings,
+    shared_prefix_prefill_equals_unshared,
 );
 
 #[test]

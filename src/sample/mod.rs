@@ -57,6 +57,9 @@ pub struct GroupRequest<'a> {
 pub struct SampleStats {
     /// Real (unpadded) prompt tokens prefilled.
     pub prefill_tokens: usize,
+    /// Of `prefill_tokens`, those not recomputed: the prompts of a call share a prefix
+    /// (the system prompt), which is prefilled once and copied to every prompt's row.
+    pub shared_prefix_tokens: usize,
     pub prefill_seconds: f64,
     /// Tokens generated over all completions.
     pub new_tokens: usize,
@@ -335,24 +338,36 @@ pub fn sample_requests_on(
     if !live_reqs.is_empty() {
         let device = model.device().clone();
         let t0 = Instant::now();
-        // ---- prefill: one left-padded batch of the distinct prompts
-        let lmax = live_reqs
-            .iter()
-            .map(|&r| requests[r].prompt.len())
-            .max()
-            .unwrap_or(1);
+        // ---- prefill: the prefix every prompt shares once, then one left-padded batch
+        // of the distinct suffixes after it (masked padding between prefix and suffix
+        // is never attended to, and RoPE positions count real tokens only).
+        let live_prompts: Vec<&[u32]> = live_reqs.iter().map(|&r| requests[r].prompt).collect();
+        let lmax = live_prompts.iter().map(|pr| pr.len()).max().unwrap_or(1);
+        let shared = shared_prefix_len(&live_prompts);
         let p = live_reqs.len();
-        let mut ids = vec![0u32; p * lmax];
-        let mut mask = vec![0u8; p * lmax];
-        for (i, &r) in live_reqs.iter().enumerate() {
-            let pr = requests[r].prompt;
-            let off = i * lmax + (lmax - pr.len());
-            ids[off..off + pr.len()].copy_from_slice(pr);
-            mask[off..off + pr.len()].iter_mut().for_each(|m| *m = 1);
+        let smax = lmax - shared;
+        let mut ids = vec![0u32; p * smax];
+        let mut mask = vec![0u8; p * smax];
+        for (i, pr) in live_prompts.iter().enumerate() {
+            let suffix = &pr[shared..];
+            let off = i * smax + (smax - suffix.len());
+            ids[off..off + suffix.len()].copy_from_slice(suffix);
+            mask[off..off + suffix.len()]
+                .iter_mut()
+                .for_each(|m| *m = 1);
             stats.prefill_tokens += pr.len();
         }
-        let mut cache = model.new_cache(p, lmax + params.max_new_tokens)?;
-        let ids_t = Tensor::from_vec(ids, (p, lmax), &device)?;
+        let mut cache = if shared > 0 {
+            stats.shared_prefix_tokens = shared * (p - 1);
+            let mut one = model.new_cache(1, lmax + params.max_new_tokens)?;
+            let prefix =
+                Tensor::from_vec(live_prompts[0][..shared].to_vec(), (1, shared), &device)?;
+            drop(model.forward_cached(&prefix, None, &mut one)?);
+            one.select_rows(&vec![0; p])?
+        } else {
+            model.new_cache(p, lmax + params.max_new_tokens)?
+        };
+        let ids_t = Tensor::from_vec(ids, (p, smax), &device)?;
         let all_real = mask.iter().all(|&m| m != 0);
         let hidden = model.forward_cached(
             &ids_t,
@@ -492,6 +507,42 @@ pub fn sample_requests_on(
         });
     }
     Ok((out, stats))
+}
+
+/// Shortest shared prefix worth prefilling once (below it, one more forward call costs
+/// more than it saves).
+const MIN_SHARED_PREFIX: usize = 16;
+
+/// Length of the token prefix all `prompts` share, leaving every prompt at least one
+/// token of its own (the prefill must produce each prompt's last-position logits);
+/// 0 when there is one prompt or the prefix is shorter than [`MIN_SHARED_PREFIX`].
+fn shared_prefix_len(prompts: &[&[u32]]) -> usize {
+    let Some((first, rest)) = prompts.split_first() else {
+        return 0;
+    };
+    if rest.is_empty() {
+        return 0;
+    }
+    let mut n = prompts
+        .iter()
+        .map(|p| p.len())
+        .min()
+        .unwrap_or(0)
+        .saturating_sub(1);
+    for p in rest {
+        n = n.min(
+            first
+                .iter()
+                .zip(p.iter())
+                .take_while(|(a, b)| a == b)
+                .count(),
+        );
+    }
+    if n >= MIN_SHARED_PREFIX {
+        n
+    } else {
+        0
+    }
 }
 
 /// Mutable references to `rows[want[0]], rows[want[1]], ...` (distinct indices), in
