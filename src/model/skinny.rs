@@ -14,15 +14,113 @@ use rayon::prelude::*;
 /// at 8 rows, 142 vs 171 ms at 32, 248 vs 224 ms at 64.
 pub const MAX_ROWS: usize = 48;
 
-/// Lanes per accumulator: one AVX-512 register, two AVX2 ones.
+/// Lanes per accumulator of the AVX-512 block: one zmm register.
 const L: usize = 16;
-/// Input rows per register block.
+/// Register blocks (input rows x weight rows, i.e. outputs), sized per ISA so that the
+/// accumulators plus the loads of one step fit the register file without spilling:
+/// - AVX-512 (32 zmm): 4 x 4 blocks, 16 accumulators + 4 weight loads + 1 input load;
+/// - AVX2 + FMA (16 ymm): 4 x 3 blocks of 8 lanes, 12 accumulators + 3 + 1 = 16;
+/// - portable (SSE2's 16 xmm, NEON's 32 q): 2 x 2 blocks of 8 lanes (two 4-lane
+///   registers each), 8 registers of accumulators.
 const R: usize = 4;
-/// Weight rows (outputs) per register block.
 const O: usize = 4;
+const R_AVX2: usize = 4;
+const O_AVX2: usize = 3;
+const L_AVX2: usize = 8;
+const R_PORTABLE: usize = 2;
+const O_PORTABLE: usize = 2;
+const L_PORTABLE: usize = 8;
 
-/// `y[m, n] = x[m, k] · w[n, k]^T`, all row-major and contiguous.
+/// Which kernel [`matmul_wt`] runs. The best the CPU supports unless
+/// `CONCORD_CPU_KERNELS=avx512|avx2|portable` forces one (to measure or test another
+/// ISA's path on one machine); a forced path the CPU lacks falls back to the best
+/// supported one, with a warning.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kernels {
+    Avx512,
+    Avx2,
+    Portable,
+}
+
+impl Kernels {
+    pub fn name(self) -> &'static str {
+        match self {
+            Kernels::Avx512 => "avx512",
+            Kernels::Avx2 => "avx2",
+            Kernels::Portable => "portable",
+        }
+    }
+
+    /// Whether this CPU can run the path.
+    pub fn supported(self) -> bool {
+        match self {
+            Kernels::Portable => true,
+            #[cfg(target_arch = "x86_64")]
+            Kernels::Avx2 => {
+                std::arch::is_x86_feature_detected!("avx2")
+                    && std::arch::is_x86_feature_detected!("fma")
+            }
+            #[cfg(target_arch = "x86_64")]
+            Kernels::Avx512 => std::arch::is_x86_feature_detected!("avx512f"),
+            #[cfg(not(target_arch = "x86_64"))]
+            _ => false,
+        }
+    }
+
+    /// The fastest path this CPU supports.
+    pub fn best() -> Kernels {
+        [Kernels::Avx512, Kernels::Avx2]
+            .into_iter()
+            .find(|k| k.supported())
+            .unwrap_or(Kernels::Portable)
+    }
+
+    /// The path in use: `CONCORD_CPU_KERNELS` if set and supported, else the best one
+    /// (decided once per process).
+    pub fn active() -> Kernels {
+        static ACTIVE: std::sync::OnceLock<Kernels> = std::sync::OnceLock::new();
+        *ACTIVE.get_or_init(|| {
+            let Ok(want) = std::env::var("CONCORD_CPU_KERNELS") else {
+                return Kernels::best();
+            };
+            let forced = match want.trim() {
+                "avx512" => Some(Kernels::Avx512),
+                "avx2" => Some(Kernels::Avx2),
+                "portable" => Some(Kernels::Portable),
+                _ => None,
+            };
+            match forced {
+                Some(k) if k.supported() => k,
+                Some(k) => {
+                    eprintln!(
+                        "warning: CONCORD_CPU_KERNELS={}: this CPU lacks it; using {}",
+                        k.name(),
+                        Kernels::best().name()
+                    );
+                    Kernels::best()
+                }
+                None => {
+                    eprintln!(
+                        "warning: CONCORD_CPU_KERNELS={want:?} is not avx512, avx2 or \
+                         portable; using {}",
+                        Kernels::best().name()
+                    );
+                    Kernels::best()
+                }
+            }
+        })
+    }
+}
+
+/// `y[m, n] = x[m, k] · w[n, k]^T`, all row-major and contiguous, on the
+/// [`Kernels::active`] path.
 pub fn matmul_wt(x: &[f32], w: &[f32], m: usize, k: usize, n: usize) -> Vec<f32> {
+    matmul_wt_on(Kernels::active(), x, w, m, k, n)
+}
+
+/// [`matmul_wt`] on the given path (which must be [`Kernels::supported`]; an unsupported
+/// one runs the portable path).
+pub fn matmul_wt_on(path: Kernels, x: &[f32], w: &[f32], m: usize, k: usize, n: usize) -> Vec<f32> {
     debug_assert_eq!(x.len(), m * k);
     debug_assert_eq!(w.len(), n * k);
     // Work in the transposed layout yt[n, m] so each parallel chunk owns whole output
@@ -32,13 +130,14 @@ pub fn matmul_wt(x: &[f32], w: &[f32], m: usize, k: usize, n: usize) -> Vec<f32>
         return vec![0f32; m * n];
     }
     let threads = rayon::current_num_threads().max(1);
-    // Several chunks per thread for balance; whole register blocks per chunk.
-    let per = n.div_ceil(threads * 8).max(O).next_multiple_of(O);
+    // Several chunks per thread for balance; whole register blocks of every path
+    // (4, 3 or 2 outputs) per chunk.
+    let per = n.div_ceil(threads * 8).max(12).next_multiple_of(12);
     yt.par_chunks_mut(per * m).enumerate().for_each(|(c, out)| {
         let o0 = c * per;
         let no = out.len() / m;
         let wc = &w[o0 * k..(o0 + no) * k];
-        kernel(x, wc, m, k, no, out);
+        kernel(path, x, wc, m, k, no, out);
     });
     let mut y = vec![0f32; m * n];
     for (o, col) in yt.chunks_exact(m).enumerate() {
@@ -49,28 +148,27 @@ pub fn matmul_wt(x: &[f32], w: &[f32], m: usize, k: usize, n: usize) -> Vec<f32>
     y
 }
 
-fn kernel(x: &[f32], w: &[f32], m: usize, k: usize, n: usize, out: &mut [f32]) {
+fn kernel(path: Kernels, x: &[f32], w: &[f32], m: usize, k: usize, n: usize, out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     {
-        if std::arch::is_x86_feature_detected!("avx512f") {
+        if path == Kernels::Avx512 && path.supported() {
             // SAFETY: the CPU supports the enabled features (checked just above).
             unsafe { kernel_avx512(x, w, m, k, n, out) };
             return;
         }
-        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
-        {
+        if path == Kernels::Avx2 && path.supported() {
             // SAFETY: as above.
             unsafe { kernel_avx2(x, w, m, k, n, out) };
             return;
         }
     }
-    kernel_body::<false>(x, w, m, k, n, out)
+    kernel_portable(x, w, m, k, n, out)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx2,fma")]
 unsafe fn kernel_avx512(x: &[f32], w: &[f32], m: usize, k: usize, n: usize, out: &mut [f32]) {
-    kernel_rows(x, w, m, k, n, out, |xs, ws, k| {
+    kernel_rows::<R, O>(x, w, m, k, n, out, |xs, ws, k| {
         // SAFETY: this function only runs where AVX-512F is available.
         unsafe { dots_avx512(xs, ws, k) }
     })
@@ -79,26 +177,20 @@ unsafe fn kernel_avx512(x: &[f32], w: &[f32], m: usize, k: usize, n: usize, out:
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn kernel_avx2(x: &[f32], w: &[f32], m: usize, k: usize, n: usize, out: &mut [f32]) {
-    kernel_body::<true>(x, w, m, k, n, out)
+    kernel_rows::<R_AVX2, O_AVX2>(x, w, m, k, n, out, |xs, ws, k| {
+        // SAFETY: this function only runs where AVX2 and FMA are available.
+        unsafe { dots_avx2(xs, ws, k) }
+    })
 }
 
-/// `out[o * m + r] = dot(x[r], w[o])` for `o < n`, `r < m`. `FMA` selects fused
-/// multiply-add (only where the target has it: elsewhere `mul_add` is a libm call).
-#[inline(always)]
-fn kernel_body<const FMA: bool>(
-    x: &[f32],
-    w: &[f32],
-    m: usize,
-    k: usize,
-    n: usize,
-    out: &mut [f32],
-) {
-    kernel_rows(x, w, m, k, n, out, dots::<FMA>)
+/// Plain Rust, vectorised by the compiler for the target's baseline (SSE2, NEON).
+fn kernel_portable(x: &[f32], w: &[f32], m: usize, k: usize, n: usize, out: &mut [f32]) {
+    kernel_rows::<R_PORTABLE, O_PORTABLE>(x, w, m, k, n, out, dots_portable)
 }
 
 /// The loop over register blocks, with `dots` computing one block.
 #[inline(always)]
-fn kernel_rows(
+fn kernel_rows<const R: usize, const O: usize>(
     x: &[f32],
     w: &[f32],
     m: usize,
@@ -131,44 +223,49 @@ fn kernel_rows(
     }
 }
 
-/// Dot products of `R` input rows with `O` weight rows: `O * R` accumulators of `L`
-/// lanes (16 AVX-512 registers), `O + R` loads per `O * R` multiply-adds.
+/// Dot products of [`R_PORTABLE`] input rows with [`O_PORTABLE`] weight rows in plain
+/// Rust: 4 accumulators of [`L_PORTABLE`] lanes, `mul_add` only where the target has
+/// FMA (elsewhere it is a libm call).
 #[inline(always)]
-fn dots<const FMA: bool>(xs: &[&[f32]; R], ws: &[&[f32]; O], k: usize) -> [[f32; R]; O] {
+fn dots_portable(
+    xs: &[&[f32]; R_PORTABLE],
+    ws: &[&[f32]; O_PORTABLE],
+    k: usize,
+) -> [[f32; R_PORTABLE]; O_PORTABLE] {
+    const L: usize = L_PORTABLE;
     for row in xs.iter().chain(ws.iter()) {
         assert!(row.len() >= k, "dots: row shorter than k");
     }
-    let xp: [*const f32; R] = std::array::from_fn(|r| xs[r].as_ptr());
-    let wp: [*const f32; O] = std::array::from_fn(|j| ws[j].as_ptr());
-    let mut acc = [[[0f32; L]; R]; O];
+    let [x0, x1] = [xs[0].as_ptr(), xs[1].as_ptr()];
+    let [w0, w1] = [ws[0].as_ptr(), ws[1].as_ptr()];
+    // Named accumulators: an array of them makes LLVM store every accumulator back to
+    // the stack after each multiply-add.
+    let (mut a00, mut a01, mut a10, mut a11) = ([0f32; L], [0f32; L], [0f32; L], [0f32; L]);
     let full = k / L * L;
     let mut c = 0;
-    // Raw reads: a bounds check in this loop makes LLVM spill every accumulator to
-    // the stack after each multiply-add (to keep the panic path exact), which halves
-    // the throughput. All reads are below `full <= k <= len` (asserted above).
     while c < full {
-        // SAFETY: c + L <= full <= k and every row has at least k elements.
-        let wv: [[f32; L]; O] = std::array::from_fn(|j| unsafe {
-            std::ptr::read_unaligned(wp[j].add(c) as *const [f32; L])
-        });
-        for r in 0..R {
-            // SAFETY: as above.
-            let xv: [f32; L] = unsafe { std::ptr::read_unaligned(xp[r].add(c) as *const [f32; L]) };
-            for j in 0..O {
-                for l in 0..L {
-                    acc[j][r][l] = if FMA {
-                        xv[l].mul_add(wv[j][l], acc[j][r][l])
-                    } else {
-                        acc[j][r][l] + xv[l] * wv[j][l]
-                    };
-                }
-            }
+        // SAFETY: c + L <= full <= k <= every row's length (asserted above). Raw reads:
+        // a bounds check here also forces the accumulators to the stack.
+        let (v0, v1, u0, u1) = unsafe {
+            (
+                std::ptr::read_unaligned(w0.add(c) as *const [f32; L]),
+                std::ptr::read_unaligned(w1.add(c) as *const [f32; L]),
+                std::ptr::read_unaligned(x0.add(c) as *const [f32; L]),
+                std::ptr::read_unaligned(x1.add(c) as *const [f32; L]),
+            )
+        };
+        for l in 0..L {
+            a00[l] += u0[l] * v0[l];
+            a01[l] += u1[l] * v0[l];
+            a10[l] += u0[l] * v1[l];
+            a11[l] += u1[l] * v1[l];
         }
         c += L;
     }
-    let mut d = [[0f32; R]; O];
-    for j in 0..O {
-        for r in 0..R {
+    let acc = [[a00, a01], [a10, a11]];
+    let mut d = [[0f32; R_PORTABLE]; O_PORTABLE];
+    for j in 0..O_PORTABLE {
+        for r in 0..R_PORTABLE {
             let mut v: f32 = acc[j][r].iter().sum();
             for i in full..k {
                 v += xs[r][i] * ws[j][i];
@@ -179,9 +276,86 @@ fn dots<const FMA: bool>(xs: &[&[f32]; R], ws: &[&[f32]; O], k: usize) -> [[f32;
     d
 }
 
-/// [`dots`] with explicit AVX-512 intrinsics: the 16 accumulators are named locals so
-/// they stay in registers (the array version makes LLVM store every accumulator back
-/// to the stack after each multiply-add, which halves the throughput).
+/// Dot products of [`R_AVX2`] input rows with [`O_AVX2`] weight rows with AVX2 + FMA
+/// intrinsics: 12 named ymm accumulators, 3 weight loads and 1 input load per step,
+/// which is the whole 16-register file (the AVX-512 blocking, 32 ymm accumulators
+/// here, spilled).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn dots_avx2(
+    xs: &[&[f32]; R_AVX2],
+    ws: &[&[f32]; O_AVX2],
+    k: usize,
+) -> [[f32; R_AVX2]; O_AVX2] {
+    use std::arch::x86_64::*;
+    for row in xs.iter().chain(ws.iter()) {
+        assert!(row.len() >= k, "dots: row shorter than k");
+    }
+    let [x0, x1, x2, x3] = [
+        xs[0].as_ptr(),
+        xs[1].as_ptr(),
+        xs[2].as_ptr(),
+        xs[3].as_ptr(),
+    ];
+    let [w0, w1, w2] = [ws[0].as_ptr(), ws[1].as_ptr(), ws[2].as_ptr()];
+    let z = _mm256_setzero_ps();
+    let (mut a00, mut a01, mut a02, mut a03) = (z, z, z, z);
+    let (mut a10, mut a11, mut a12, mut a13) = (z, z, z, z);
+    let (mut a20, mut a21, mut a22, mut a23) = (z, z, z, z);
+    let full = k / L_AVX2 * L_AVX2;
+    let mut c = 0;
+    while c < full {
+        // SAFETY: c + 8 <= full <= k <= every row's length (asserted above).
+        unsafe {
+            let v0 = _mm256_loadu_ps(w0.add(c));
+            let v1 = _mm256_loadu_ps(w1.add(c));
+            let v2 = _mm256_loadu_ps(w2.add(c));
+            let x = _mm256_loadu_ps(x0.add(c));
+            a00 = _mm256_fmadd_ps(x, v0, a00);
+            a10 = _mm256_fmadd_ps(x, v1, a10);
+            a20 = _mm256_fmadd_ps(x, v2, a20);
+            let x = _mm256_loadu_ps(x1.add(c));
+            a01 = _mm256_fmadd_ps(x, v0, a01);
+            a11 = _mm256_fmadd_ps(x, v1, a11);
+            a21 = _mm256_fmadd_ps(x, v2, a21);
+            let x = _mm256_loadu_ps(x2.add(c));
+            a02 = _mm256_fmadd_ps(x, v0, a02);
+            a12 = _mm256_fmadd_ps(x, v1, a12);
+            a22 = _mm256_fmadd_ps(x, v2, a22);
+            let x = _mm256_loadu_ps(x3.add(c));
+            a03 = _mm256_fmadd_ps(x, v0, a03);
+            a13 = _mm256_fmadd_ps(x, v1, a13);
+            a23 = _mm256_fmadd_ps(x, v2, a23);
+        }
+        c += L_AVX2;
+    }
+    let acc = [
+        [a00, a01, a02, a03],
+        [a10, a11, a12, a13],
+        [a20, a21, a22, a23],
+    ];
+    let mut d = [[0f32; R_AVX2]; O_AVX2];
+    for j in 0..O_AVX2 {
+        for r in 0..R_AVX2 {
+            // horizontal sum of 8 lanes
+            let v = acc[j][r];
+            let s4 = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+            let s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+            let s1 = _mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1));
+            let mut v = _mm_cvtss_f32(s1);
+            for i in full..k {
+                v += xs[r][i] * ws[j][i];
+            }
+            d[j][r] = v;
+        }
+    }
+    d
+}
+
+/// Dot products of [`R`] input rows with [`O`] weight rows with explicit AVX-512
+/// intrinsics: the 16 accumulators are named locals so they stay in registers (an
+/// array of them makes LLVM store every accumulator back to the stack after each
+/// multiply-add, which halves the throughput).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 unsafe fn dots_avx512(xs: &[&[f32]; R], ws: &[&[f32]; O], k: usize) -> [[f32; R]; O] {
@@ -287,6 +461,8 @@ mod tests {
             (7, 100, 33),
             (32, 896, 130),
             (9, 40, 1),
+            (5, 24, 13),
+            (48, 64, 7),
         ] {
             let x: Vec<f32> = (0..m * k).map(|_| next()).collect();
             let w: Vec<f32> = (0..n * k).map(|_| next()).collect();
@@ -300,25 +476,10 @@ mod tests {
                 }
             };
             close(&matmul_wt(&x, &w, m, k, n), "dispatched");
-            // Every path, whatever this CPU would dispatch to (output is transposed).
-            let transpose =
-                |yt: &[f32]| -> Vec<f32> { (0..m * n).map(|i| yt[(i % n) * m + i / n]).collect() };
-            let mut yt = vec![0f32; m * n];
-            kernel_body::<false>(&x, &w, m, k, n, &mut yt);
-            close(&transpose(&yt), "portable");
-            #[cfg(target_arch = "x86_64")]
-            {
-                if std::arch::is_x86_feature_detected!("avx2")
-                    && std::arch::is_x86_feature_detected!("fma")
-                {
-                    // SAFETY: features checked just above.
-                    unsafe { kernel_avx2(&x, &w, m, k, n, &mut yt) };
-                    close(&transpose(&yt), "avx2");
-                }
-                if std::arch::is_x86_feature_detected!("avx512f") {
-                    // SAFETY: as above.
-                    unsafe { kernel_avx512(&x, &w, m, k, n, &mut yt) };
-                    close(&transpose(&yt), "avx512");
+            // Every path this CPU supports, whatever it would dispatch to.
+            for path in [Kernels::Portable, Kernels::Avx2, Kernels::Avx512] {
+                if path.supported() {
+                    close(&matmul_wt_on(path, &x, &w, m, k, n), path.name());
                 }
             }
         }
