@@ -46,6 +46,10 @@ pub struct EvalOptions {
     pub out: Option<PathBuf>,
     /// Prompts sampled together.
     pub batch: usize,
+    /// An earlier eval.json of the same episodes and sampling: its models are not
+    /// played again but reported beside the ones played now (e.g. `--base` once, then
+    /// every adapter against it).
+    pub against: Option<PathBuf>,
 }
 
 /// The environments evaluated: those of the last stage (or `[env]`), with its options.
@@ -287,8 +291,17 @@ pub fn run_eval(args: EvalOptions) -> Result<()> {
         episodes: args.episodes,
         greedy: args.greedy,
         first_seed: envs::eval_seed(args.first_seed),
+        sampling: Some(params.clone()),
         models: BTreeMap::new(),
     };
+    if let Some(path) = &args.against {
+        let earlier = EvalReport::read(path)?;
+        report
+            .check_comparable(&earlier)
+            .with_context(|| format!("--against {}", path.display()))?;
+        labels.retain(|(label, _)| !earlier.models.contains_key(*label));
+        report.models = earlier.models;
+    }
     for (label, dir) in labels {
         match dir {
             Some(d) => model

@@ -102,6 +102,40 @@ fn eval_compare_reports_held_out_episodes() {
     let alone: EvalReport = serde_json::from_str(&concord_ok(&base)).unwrap();
     assert_eq!(alone.models["adapter"], report.models["base"]);
 
+    // `--against`: the earlier report's models are reported beside the new one without
+    // being played again (a doctored number in the file comes back as it is), and a
+    // report of other episodes is refused.
+    let mut earlier = alone.clone();
+    let renamed = earlier.models.remove("adapter").unwrap();
+    earlier.models.insert("base".into(), renamed);
+    earlier
+        .models
+        .get_mut("base")
+        .unwrap()
+        .envs
+        .values_mut()
+        .for_each(|e| e.win_rate = 0.123_456);
+    let earlier_path = dir.path().join("earlier.json");
+    earlier.write(&earlier_path).unwrap();
+    let mut against = base.clone();
+    against.extend(["--against", earlier_path.to_str().unwrap()]);
+    let both: EvalReport = serde_json::from_str(&concord_ok(&against)).unwrap();
+    assert_eq!(both.models["base"], earlier.models["base"]);
+    assert_eq!(both.models["adapter"], alone.models["adapter"]);
+    let mut other = against.clone();
+    let at = other.iter().position(|a| *a == "5").unwrap();
+    other[at] = "4";
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_concord"))
+        .args(&other)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("not the same evaluation"),
+        "{err}"
+    );
+
     // The human table prints the start before the adapter, with a delta column.
     let table = concord::eval::table(&report);
     let header = table.lines().find(|l| l.starts_with("| metric")).unwrap();

@@ -89,6 +89,7 @@ fn eval_report(with_base: bool) -> EvalReport {
         episodes: 64,
         greedy: false,
         first_seed: 1 << 63,
+        sampling: None,
         models,
     }
 }

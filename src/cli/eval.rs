@@ -39,6 +39,11 @@ pub struct EvalArgs {
     /// Prompts sampled together (>= 1).
     #[arg(long, default_value_t = 32, value_parser = super::positive)]
     pub batch: usize,
+    /// An earlier eval.json of the same config, episodes and sampling: its models
+    /// (e.g. `base`, from `--base`) are reported beside this run's without being
+    /// played again.
+    #[arg(long)]
+    pub against: Option<PathBuf>,
 }
 
 pub fn run(a: EvalArgs) -> anyhow::Result<()> {
@@ -54,5 +59,6 @@ pub fn run(a: EvalArgs) -> anyhow::Result<()> {
         json: a.json,
         out: a.out,
         batch: a.batch,
+        against: a.against,
     })
 }

@@ -16,6 +16,10 @@ pub struct EvalReport {
     pub episodes: usize,
     pub greedy: bool,
     pub first_seed: u64,
+    /// The sampling parameters the models were played with (absent in reports written
+    /// before it was recorded).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sampling: Option<crate::sample::SamplingParams>,
     /// By model: `base` (what the run started from: no adapter, or the start adapter
     /// it names) and/or `adapter`.
     pub models: BTreeMap<String, ModelEval>,
@@ -75,6 +79,31 @@ impl EvalReport {
         serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))
     }
 
+    /// Whether the models of `other` were played on the same episodes with the same
+    /// random numbers as this report's, so their columns can stand side by side; `Err`
+    /// says what differs.
+    pub fn check_comparable(&self, other: &EvalReport) -> Result<()> {
+        anyhow::ensure!(
+            (self.episodes, self.first_seed, self.greedy)
+                == (other.episodes, other.first_seed, other.greedy),
+            "not the same evaluation: {} episodes from held-out seed {:#x}{} here, {} from \
+             {:#x}{} there",
+            self.episodes,
+            self.first_seed,
+            if self.greedy { " (greedy)" } else { "" },
+            other.episodes,
+            other.first_seed,
+            if other.greedy { " (greedy)" } else { "" },
+        );
+        if let (Some(a), Some(b)) = (&self.sampling, &other.sampling) {
+            anyhow::ensure!(
+                a == b,
+                "not the same sampling parameters: {a:?} here, {b:?} there"
+            );
+        }
+        Ok(())
+    }
+
     /// Write `path` atomically (pretty JSON; NaN becomes `null`).
     pub fn write(&self, path: &Path) -> Result<()> {
         crate::atomic::atomic_write_bytes(path, &serde_json::to_vec_pretty(self)?)
@@ -102,6 +131,7 @@ mod tests {
             episodes: 0,
             greedy: true,
             first_seed: 1,
+            sampling: None,
             models: BTreeMap::from([(
                 "base".to_string(),
                 ModelEval {
