@@ -303,3 +303,62 @@ fn sft_cli_refuses_bad_data_and_trains_an_adapter_grpo_starts_from() {
         .any(|(_, (_, v))| v.iter().any(|x| *x != 0.0));
     assert!(nonzero_b);
 }
+
+/// SFT cuts its micro-batches to the memory budget like GRPO (no `micro_batch` set):
+/// a budget that holds one demonstration but not two splits every batch of 2, and the
+/// log is the same as with one micro-batch (the loss is normalised by the batch's
+/// tokens, so accumulation is exact).
+#[test]
+fn sft_splits_micro_batches_to_the_memory_budget_with_the_same_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("demos.jsonl");
+    let lines: Vec<String> = (0..4)
+        .map(|i| {
+            format!(
+                r#"{{"messages":[{{"role":"user","content":"Which server, {i}?"}}],"completion":"DEPLOY_PROD_{}"}}"#,
+                ["A", "B"][i % 2]
+            )
+        })
+        .collect();
+    std::fs::write(&data, lines.join("\n")).unwrap();
+    let run = |name: &str, budget_gb: f64| {
+        let cfg = sft_config(dir.path(), &data, "");
+        let text = std::fs::read_to_string(&cfg)
+            .unwrap()
+            .replace("name = \"sft\"", &format!("name = \"{name}\""))
+            .replace(
+                "micro_batch = 1",
+                &format!("memory_budget_gb = {budget_gb:e}"),
+            );
+        std::fs::write(&cfg, text).unwrap();
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_concord"))
+            .args(["sft", "--config", cfg.to_str().unwrap()])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr).to_string();
+        assert!(out.status.success(), "{err}");
+        let log =
+            concord::run::log::TrainingLog::read(&dir.path().join(name).join("training_log.csv"))
+                .unwrap();
+        (err, log)
+    };
+    let (err, whole) = run("whole", 100.0);
+    assert!(err.contains("-> 1 micro-batch of up to 2 rows"), "{err}");
+    // "... (largest N MB)": the two-row micro-batch; one row needs less (by one row's
+    // activations, several MB for these demonstrations), so 2 MB under it holds one.
+    let two_rows_mb: f64 = err
+        .split("(largest ")
+        .nth(1)
+        .and_then(|s| s.split(" MB)").next())
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no micro-batch estimate in: {err}"));
+    let (err, split) = run("split", (two_rows_mb - 2.0) * 1e-3);
+    assert!(err.contains("-> 2 micro-batches of up to 1 rows"), "{err}");
+    for c in ["loss", "grad_norm", "mean_token_accuracy"] {
+        let (a, b) = (whole.column(c).unwrap(), split.column(c).unwrap());
+        assert_eq!(a.len(), 4);
+        for (x, y) in a.iter().zip(b.iter()) {
+            assert!((x - y).abs() <= 1e-5 * (1.0 + x.abs()), "{c}: {x} vs {y}");
+        }
+    }
+}

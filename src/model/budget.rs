@@ -51,8 +51,10 @@ fn bytes_of(dtype: DType) -> f64 {
     dtype.size_in_bytes() as f64
 }
 
-/// Memory the host can still give (MemAvailable), in bytes; None where unknown.
+/// Memory the host can still give (MemAvailable, once this process's free heap pages
+/// are handed back), in bytes; None where unknown.
 pub fn available_memory() -> Option<f64> {
+    crate::sys::release_free_memory();
     crate::sys::available_memory_bytes().map(|b| b as f64)
 }
 

@@ -12,7 +12,9 @@ use super::data::Example;
 use super::loss::{sft_loss, token_hits};
 use crate::config::{Config, OptimConfig};
 use crate::grpo::optim::{clip_grad_norm, AdamW, AdamWParams, LrSchedule};
-use crate::grpo::pack::{micro_batches, pack, Packed, Rollout};
+use crate::grpo::pack::{pack, Packed, Rollout};
+use crate::grpo::plan::plan;
+use crate::model::budget::{MemoryBudget, TrainMemory};
 use crate::model::qwen2::{Mode, Qwen2};
 use crate::rng::mix_seeds as mix;
 use crate::run::checkpoint::{self, TrainerState};
@@ -44,6 +46,10 @@ pub struct SftTrainer<'m> {
     base_model: String,
     /// The current pass's order (pass index, permutation).
     order: Option<(usize, Vec<usize>)>,
+    /// The memory a micro-batch may take: `[optim] memory_budget_gb`, else a share of
+    /// the memory available at the first step (read once, so the split, and with it the
+    /// log, does not depend on what else runs later).
+    budget: Option<MemoryBudget>,
 }
 
 impl<'m> SftTrainer<'m> {
@@ -122,6 +128,7 @@ impl<'m> SftTrainer<'m> {
             pad_id,
             base_model,
             order: None,
+            budget: None,
         })
     }
 
@@ -179,11 +186,20 @@ impl<'m> SftTrainer<'m> {
         let num_tokens: usize = rows.iter().map(|r| r.completion_ids.len()).sum();
         let mut acc: Option<Vec<Tensor>> = None;
         let (mut loss, mut hits) = (0.0, 0);
-        for (mi, range) in micro_batches(rows.len(), self.optim.micro_batch)
-            .into_iter()
-            .enumerate()
-        {
-            let refs: Vec<&Rollout> = rows[range].iter().collect();
+        // Micro-batches cut to the memory budget like GRPO's (the loss is normalised
+        // by the whole batch's tokens, so the split does not change the update).
+        let first = self.budget.is_none();
+        let budget = *self.budget.get_or_insert_with(|| {
+            MemoryBudget::resolve(self.optim.memory_budget_gb, self.model.device())
+        });
+        let all: Vec<usize> = (0..rows.len()).collect();
+        let mem = TrainMemory::new(self.model, false);
+        let split = plan(&rows, &all, self.optim.micro_batch, false, &mem, &budget)?;
+        if first {
+            eprintln!("sft step {}: {}", step + 1, split.summary());
+        }
+        for (mi, micro) in split.micro_batches.iter().enumerate() {
+            let refs: Vec<&Rollout> = micro.rows.iter().map(|&i| &rows[i]).collect();
             let packed = pack(&refs, self.pad_id, false)?;
             let mode = Mode::Train {
                 dropout_seed: mix(step_seed, mi as u64),
