@@ -16,6 +16,7 @@ mod parity;
 mod plot;
 mod postmortem;
 mod reliability;
+mod serve;
 mod sample_model;
 mod sft;
 mod shared_prompt;

@@ -319,7 +319,8 @@ impl Config {
                 return Err(err(
                     "env",
                     "name",
-                    "must name an environment (see `concord envs list`), or give                      url = \"ws://host:port\" to train on an OpenEnv server"
+                    "must name an environment (see `concord envs list`), or give \
+                     url = \"ws://host:port\" to train on an OpenEnv server"
                         .into(),
                 ))
             }
@@ -367,8 +368,9 @@ impl Config {
             ));
         }
         if !e.options.is_empty() {
+            // reported at `url` (a table header has no key line to point at)
             return Err(err(
-                "options",
+                "url",
                 "[env.options] configure built-in environments; an OpenEnv server takes \
                  its options when it is started (e.g. concord serve NAME --set k=v)"
                     .into(),
