@@ -60,7 +60,10 @@ fn text(seed: u64, i: usize) -> String {
 
 /// Play `seed` over the socket: (step rewards, final transcript).
 fn play_ws(ws: &mut Ws, seed: u64) -> (Vec<f64>, Value) {
-    let r = send(ws, &json!({"type": "reset", "data": {"seed": seed}}).to_string());
+    let r = send(
+        ws,
+        &json!({"type": "reset", "data": {"seed": seed}}).to_string(),
+    );
     assert_eq!(r["type"], "observation");
     assert!(r["data"]["reward"].is_null());
     let mut rewards = Vec::new();
@@ -99,7 +102,11 @@ fn play_local(seed: u64) -> (Vec<f64>, Value, f64) {
         rewards.push(out.rewards[0]);
         i += 1;
     }
-    (wire(rewards), wire(env.transcript()), wire(env.reward(0).scalar))
+    (
+        wire(rewards),
+        wire(env.transcript()),
+        wire(env.reward(0).scalar),
+    )
 }
 
 #[test]
@@ -114,15 +121,19 @@ fn an_episode_over_the_socket_equals_the_same_seed_in_process() {
         assert!((rewards.iter().sum::<f64>() - scalar).abs() < 1e-12);
     }
     // the WebSocket's reset honours episode_id; its close message ends the session
-    let r = send(&mut ws, r#"{"type":"reset","data":{"seed":1,"episode_id":"mine"}}"#);
+    let r = send(
+        &mut ws,
+        r#"{"type":"reset","data":{"seed":1,"episode_id":"mine"}}"#,
+    );
     assert_eq!(r["data"]["observation"]["step"], 0);
-    assert_eq!(send(&mut ws, r#"{"type":"state"}"#)["data"]["episode_id"], "mine");
+    assert_eq!(
+        send(&mut ws, r#"{"type":"state"}"#)["data"]["episode_id"],
+        "mine"
+    );
     ws.send(Message::text(r#"{"type":"close"}"#)).unwrap();
-    loop {
-        match ws.read() {
-            Ok(Message::Close(_)) | Err(_) => break,
-            Ok(m) => panic!("after close: {m:?}"),
-        }
+    match ws.read() {
+        Ok(Message::Close(_)) | Err(_) => {}
+        Ok(m) => panic!("after close: {m:?}"),
     }
 }
 
@@ -133,7 +144,10 @@ fn every_websocket_error_code() {
     assert_eq!(error_code(&send(&mut ws, "{not json")), "INVALID_JSON");
     ws.send(Message::binary(vec![0u8, 159, 146])).unwrap();
     assert_eq!(error_code(&read(&mut ws)), "INVALID_JSON");
-    assert_eq!(error_code(&send(&mut ws, r#"{"type":"fly"}"#)), "UNKNOWN_TYPE");
+    assert_eq!(
+        error_code(&send(&mut ws, r#"{"type":"fly"}"#)),
+        "UNKNOWN_TYPE"
+    );
     assert_eq!(error_code(&send(&mut ws, r#"{"data":{}}"#)), "UNKNOWN_TYPE");
     for bad in [
         r#"{"type":"step","data":{"message":7}}"#,
@@ -177,7 +191,10 @@ fn an_oversized_frame_ends_only_its_session() {
         let v: Value = serde_json::from_str(t.as_str()).unwrap();
         assert_eq!(error_code(&v), "SESSION_ERROR");
     }
-    let r = send(&mut other, r#"{"type":"step","data":{"message":"MONITOR"}}"#);
+    let r = send(
+        &mut other,
+        r#"{"type":"step","data":{"message":"MONITOR"}}"#,
+    );
     assert_eq!(r["data"]["observation"]["step"], 1);
     assert_eq!(health(&h), json!({"status": "healthy"}));
 }
@@ -240,7 +257,11 @@ fn url(h: &Handle, path: &str) -> String {
 }
 
 fn health(h: &Handle) -> Value {
-    ureq::get(&url(h, "/health")).call().unwrap().into_json().unwrap()
+    ureq::get(&url(h, "/health"))
+        .call()
+        .unwrap()
+        .into_json()
+        .unwrap()
 }
 
 /// (status, body) of a POST.
@@ -259,10 +280,18 @@ fn post(h: &Handle, path: &str, body: &str) -> (u16, Value) {
 fn every_http_endpoint() {
     let h = server(2, None);
     assert_eq!(health(&h), json!({"status": "healthy"}));
-    let meta: Value = ureq::get(&url(&h, "/metadata")).call().unwrap().into_json().unwrap();
+    let meta: Value = ureq::get(&url(&h, "/metadata"))
+        .call()
+        .unwrap()
+        .into_json()
+        .unwrap();
     assert_eq!(meta["name"], "ticketmelt");
     assert!(meta["readme_content"].as_str().unwrap().len() > 100);
-    let schema: Value = ureq::get(&url(&h, "/schema")).call().unwrap().into_json().unwrap();
+    let schema: Value = ureq::get(&url(&h, "/schema"))
+        .call()
+        .unwrap()
+        .into_json()
+        .unwrap();
     assert_eq!(schema["action"]["required"], json!(["message"]));
     for k in ["action", "observation", "state"] {
         assert_eq!(schema[k]["type"], "object", "{k}");
@@ -299,7 +328,11 @@ fn every_http_endpoint() {
     }
     let (local, transcript, _) = play_local(11);
     assert_eq!(rewards, local);
-    let state: Value = ureq::get(&url(&h, "/state")).call().unwrap().into_json().unwrap();
+    let state: Value = ureq::get(&url(&h, "/state"))
+        .call()
+        .unwrap()
+        .into_json()
+        .unwrap();
     assert_eq!(state["episode_id"], "http");
     assert_eq!(state["step_count"], i);
     assert_eq!(state["transcript"], transcript);
@@ -311,7 +344,11 @@ fn every_http_endpoint() {
 #[test]
 fn mcp_tools_over_http_and_websocket() {
     let h = server(2, None);
-    let (code, r) = post(&h, "/mcp", r#"{"jsonrpc":"2.0","method":"tools/list","id":1}"#);
+    let (code, r) = post(
+        &h,
+        "/mcp",
+        r#"{"jsonrpc":"2.0","method":"tools/list","id":1}"#,
+    );
     assert_eq!(code, 200);
     let names: Vec<&str> = r["result"]["tools"]
         .as_array()
@@ -337,14 +374,21 @@ fn mcp_tools_over_http_and_websocket() {
                      "params": {"name": "act", "arguments": {"message": "MONITOR"}}});
     let (_, r) = post(&h, "/mcp", &act.to_string());
     assert_eq!(r["result"]["isError"], false, "{r}");
-    let state: Value = ureq::get(&url(&h, "/state")).call().unwrap().into_json().unwrap();
+    let state: Value = ureq::get(&url(&h, "/state"))
+        .call()
+        .unwrap()
+        .into_json()
+        .unwrap();
     assert_eq!(state["step_count"], 1);
     // and in a WebSocket session
     let mut ws = connect(&h);
     send(&mut ws, r#"{"type":"reset","data":{"seed":4}}"#);
     let r = send(&mut ws, &json!({"type": "mcp", "data": act}).to_string());
     assert_eq!(r["type"], "mcp");
-    assert_eq!(r["data"]["result"]["structuredContent"]["observation"]["step"], 1);
+    assert_eq!(
+        r["data"]["result"]["structuredContent"]["observation"]["step"],
+        1
+    );
 }
 
 proptest! {
@@ -431,7 +475,10 @@ fn a_lost_server_is_an_error_never_a_zero_reward() {
     h.stop().unwrap();
     let err = env.step(&[text(3, 1)]).unwrap_err();
     assert!(err.downcast_ref::<ConnectionLost>().is_some(), "{err:#}");
-    assert!(format!("{err:#}").contains("lost the connection"), "{err:#}");
+    assert!(
+        format!("{err:#}").contains("lost the connection"),
+        "{err:#}"
+    );
     let err = f.try_reset(4).err().unwrap();
     assert!(err.downcast_ref::<ConnectionLost>().is_some(), "{err:#}");
 }
@@ -442,7 +489,10 @@ fn a_full_server_says_how_to_fix_it() {
     let f = RemoteFactory::new(RemoteSpec::new(format!("ws://{}", h.addr))).unwrap();
     let _held = f.try_reset(1).unwrap();
     let err = format!("{:#}", f.try_reset(1).err().unwrap());
-    assert!(err.contains("CAPACITY_REACHED") && err.contains("--max-sessions"), "{err}");
+    assert!(
+        err.contains("CAPACITY_REACHED") && err.contains("--max-sessions"),
+        "{err}"
+    );
 }
 
 /// A config that trains the tiny model on the server at `url`, in `dir`.
@@ -488,7 +538,7 @@ max_turn_tokens = 16
 
 #[test]
 fn train_on_a_served_environment_then_lose_it_with_a_checkpoint() {
-    use concord::grpo::trainer::{prepare_train, Trainer, TrainOptions};
+    use concord::grpo::trainer::{prepare_train, TrainOptions, Trainer};
     let h = server(8, None);
     let dir = tempfile::tempdir().unwrap();
     let cfg = remote_config(dir.path(), &format!("ws://{}", h.addr), 3);
@@ -499,15 +549,24 @@ fn train_on_a_served_environment_then_lose_it_with_a_checkpoint() {
         overwrite: false,
     })
     .unwrap();
-    let mut t = Trainer::with_stages(p.cfg, p.model, p.renderer, p.stages, p.base, p.resume)
-        .unwrap();
+    let mut t =
+        Trainer::with_stages(p.cfg, p.model, p.renderer, p.stages, p.base, p.resume).unwrap();
     t.train_with(Some(2), |_| {}).unwrap();
     let log = std::fs::read_to_string(t.run_dir.join("training_log.csv")).unwrap();
     assert_eq!(log.lines().count(), 3, "{log}");
-    assert!(log.lines().next().unwrap().contains("rewards/remote_reward"), "{log}");
+    assert!(
+        log.lines()
+            .next()
+            .unwrap()
+            .contains("rewards/remote_reward"),
+        "{log}"
+    );
     h.stop().unwrap();
     let err = format!("{:#}", t.train_with(None, |_| {}).unwrap_err());
-    assert!(err.contains("checkpoint-2 written") && err.contains("--resume"), "{err}");
+    assert!(
+        err.contains("checkpoint-2 written") && err.contains("--resume"),
+        "{err}"
+    );
     assert!(err.contains("lost the connection"), "{err}");
     assert!(t.run_dir.join("checkpoint-2").is_dir());
 }
@@ -521,12 +580,21 @@ fn remote_config_keys_are_checked() {
     for (bad, says) in [
         ("[env]\nurl = \"ws://h:1\"\n", "mode = \"episode\""),
         ("[env]\nurl = \"wss://h:1\"\nmode = \"episode\"\n", "TLS"),
-        ("[env]\nurl = \"ws://h:1\"\nmode = \"episode\"\n[env.options]\npeers = \"dumb\"\n", "concord serve"),
+        (
+            "[env]\nurl = \"ws://h:1\"\nmode = \"episode\"\n[env.options]\npeers = \"dumb\"\n",
+            "concord serve",
+        ),
         ("[env]\nname = \"ticketmelt\"\nmax_steps = 3\n", "url"),
         ("[env]\nmode = \"episode\"\n", "url = "),
-        ("[env]\nurl = \"ws://h:1\"\nmode = \"episode\"\nactoin_key = \"m\"\n", "actoin_key"),
+        (
+            "[env]\nurl = \"ws://h:1\"\nmode = \"episode\"\nactoin_key = \"m\"\n",
+            "actoin_key",
+        ),
     ] {
-        let err = format!("{:#}", Config::from_toml_str(&format!("{base}{bad}"), "t.toml", &[]).unwrap_err());
+        let err = format!(
+            "{:#}",
+            Config::from_toml_str(&format!("{base}{bad}"), "t.toml", &[]).unwrap_err()
+        );
         assert!(err.contains(says), "{bad}: {err}");
         if !bad.starts_with("[env]\nmode") {
             assert!(err.contains("line "), "{bad}: {err}");
@@ -572,5 +640,8 @@ fn sigterm_closes_sessions_and_exits_cleanly() {
     let out = child.wait_with_output().unwrap();
     assert!(out.status.success(), "{out:?}");
     let logs = String::from_utf8_lossy(&out.stderr);
-    assert!(logs.contains("session opened") && logs.contains("stopped"), "{logs}");
+    assert!(
+        logs.contains("session opened") && logs.contains("stopped"),
+        "{logs}"
+    );
 }

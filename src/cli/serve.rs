@@ -60,6 +60,7 @@ fn init_logs(json: bool) {
     let _ = if json {
         b.json().try_init()
     } else {
-        b.with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr())).try_init()
+        b.with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .try_init()
     };
 }

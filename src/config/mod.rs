@@ -647,9 +647,11 @@ impl Config {
                 None => anyhow!("{origin}: {e:#}"),
             }
         })?;
-        if let (Some(env), true, None) = (&cfg.env, cfg.stages.is_empty(), &cfg.env.as_ref().and_then(|e| e.url.as_ref())) {
+        let built_in = cfg.env.as_ref().filter(|e| e.url.is_none());
+        if let (Some(env), true) = (built_in, cfg.stages.is_empty()) {
             // `[env.options]` are the environment's to check: build it once so a bad
-            // option fails here, with the file and the option's line.
+            // option fails here, with the file and the option's line. (A remote
+            // server is only reached when training starts.)
             crate::envs::create(&env.name, &env.options)
                 .map_err(|e| locate_env_error(text, origin, &e))?;
         }

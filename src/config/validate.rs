@@ -353,7 +353,10 @@ impl Config {
                 ("max_steps", e.max_steps > 0),
             ] {
                 if set {
-                    return Err(err(key, "applies with url = \"ws://host:port\" only".into()));
+                    return Err(err(
+                        key,
+                        "applies with url = \"ws://host:port\" only".into(),
+                    ));
                 }
             }
             return Ok(());
@@ -377,7 +380,10 @@ impl Config {
             ));
         }
         if spec.action_key.trim().is_empty() {
-            return Err(err("action_key", "must name the action's text field".into()));
+            return Err(err(
+                "action_key",
+                "must name the action's text field".into(),
+            ));
         }
         Ok(())
     }

@@ -21,7 +21,7 @@
 //!   the trainer then writes a checkpoint and stops with a resume hint.
 //! - **No fork**: a remote episode cannot be cloned or scored by a continuation
 //!   policy, so remote environments train in episode mode only.
-use super::{Environment, EnvFactory, Message, Reward, StepOutcome};
+use super::{EnvFactory, Environment, Message, Reward, StepOutcome};
 use anyhow::{anyhow, bail, Context, Result};
 use serde_json::{json, Value};
 use std::net::{TcpStream, ToSocketAddrs};
@@ -204,11 +204,18 @@ impl RemoteEnv {
                 Ok(Frame::Text(t)) => break t,
                 Ok(Frame::Binary(b)) => break String::from_utf8_lossy(&b).into_owned().into(),
                 Ok(Frame::Close(c)) => {
-                    let why = c.map(|c| format!(" ({} {})", c.code, c.reason)).unwrap_or_default();
-                    return Err(lost(format!("the server closed the session during `{what}`{why}")).into());
+                    let why = c
+                        .map(|c| format!(" ({} {})", c.code, c.reason))
+                        .unwrap_or_default();
+                    return Err(lost(format!(
+                        "the server closed the session during `{what}`{why}"
+                    ))
+                    .into());
                 }
                 Ok(_) => continue,
-                Err(e) => return Err(lost(format!("waiting for the reply to `{what}`: {e}")).into()),
+                Err(e) => {
+                    return Err(lost(format!("waiting for the reply to `{what}`: {e}")).into())
+                }
             }
         };
         let v: Value = serde_json::from_str(reply.as_str())
@@ -380,10 +387,21 @@ impl Environment for RemoteEnv {
 }
 
 impl Drop for RemoteEnv {
-    /// Say `close` so the server frees the session at once (best effort).
+    /// Say `close` so the server frees the session at once, then let the server end
+    /// the connection (openenv-core's server closes it itself and logs an error when
+    /// the client has already gone). Best effort, at most a second.
     fn drop(&mut self) {
         if let Some(mut s) = self.socket.take() {
-            let _ = s.send(Frame::text(r#"{"type":"close"}"#));
+            if let MaybeTlsStream::Plain(tcp) = s.get_mut() {
+                let _ = tcp.set_read_timeout(Some(Duration::from_secs(1)));
+            }
+            if s.send(Frame::text(r#"{"type":"close"}"#)).is_ok() {
+                while let Ok(f) = s.read() {
+                    if f.is_close() {
+                        break;
+                    }
+                }
+            }
             let _ = s.close(None);
             let _ = s.flush();
         }
@@ -414,7 +432,9 @@ mod tests {
         let echo = json!({"echoed_message": "hi", "message_length": 2});
         assert_eq!(
             to_messages(&echo, None).unwrap(),
-            [Message::user(r#"{"echoed_message":"hi","message_length":2}"#)]
+            [Message::user(
+                r#"{"echoed_message":"hi","message_length":2}"#
+            )]
         );
         assert_eq!(
             to_messages(&echo, Some("echoed_message")).unwrap(),

@@ -24,13 +24,13 @@
 //! pure functions of `(run.seed, s)`, so a resumed run (adapter + optimizer state
 //! restored from `checkpoint-S/`) writes the same later rows as an uninterrupted one.
 use super::batch::{collect, Batch};
-use crate::envs::remote::ConnectionLost;
 use super::metrics;
 use super::optim::{AdamW, AdamWParams, LrSchedule};
 use super::update::{Learner, UpdateStats};
 use crate::config::stage::StageLength;
 use crate::config::Config;
 use crate::curriculum::{total_steps, Stage};
+use crate::envs::remote::ConnectionLost;
 use crate::model::budget::MemoryBudget;
 use crate::model::qwen2::Qwen2;
 use crate::rng::mix_seeds as mix;

@@ -8,7 +8,7 @@
 //! should use `/ws`, one session each. Bodies are parsed by hand so that a bad one gets
 //! FastAPI's 422 `{"detail": [...]}` and never a panic; `step` before `reset` or after
 //! the episode ended is 409.
-use super::protocol::{parse_step_request, schemas, ResetParams, WireError};
+use super::protocol::{parse_step_request, schemas, ErrorCode, ResetParams, WireError};
 use super::session::Session;
 use super::{mcp, ws, App};
 use axum::body::Bytes;
@@ -44,28 +44,24 @@ fn unprocessable(e: &WireError, loc: &[&str]) -> Response {
 }
 
 /// The body as JSON (an empty body is `default`).
-fn json_body(body: &Bytes, default: Value) -> Result<Value, Response> {
+fn json_body(body: &Bytes, default: Value) -> Result<Value, WireError> {
     if body.iter().all(u8::is_ascii_whitespace) {
         return Ok(default);
     }
-    serde_json::from_slice(body).map_err(|e| {
-        unprocessable(
-            &WireError::new(super::protocol::ErrorCode::InvalidJson, format!("JSON decode error: {e}")),
-            &["body"],
-        )
-    })
+    serde_json::from_slice(body)
+        .map_err(|e| WireError::new(ErrorCode::InvalidJson, format!("JSON decode error: {e}")))
 }
 
 async fn reset(State(app): State<App>, body: Bytes) -> Response {
     let v = match json_body(&body, json!({})) {
         Ok(v) => v,
-        Err(r) => return r,
+        Err(e) => return unprocessable(&e, &["body"]),
     };
     let params = match &v {
         Value::Object(m) => ResetParams::from_map(m),
         Value::Null => Ok(ResetParams::default()),
         _ => Err(WireError::new(
-            super::protocol::ErrorCode::ValidationError,
+            ErrorCode::ValidationError,
             "the body must be a JSON object",
         )),
     };
@@ -78,7 +74,7 @@ async fn reset(State(app): State<App>, body: Bytes) -> Response {
 async fn step(State(app): State<App>, body: Bytes) -> Response {
     let v = match json_body(&body, Value::Null) {
         Ok(v) => v,
-        Err(r) => return r,
+        Err(e) => return unprocessable(&e, &["body"]),
     };
     let action = match parse_step_request(&v) {
         Ok(a) => a,

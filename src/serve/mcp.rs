@@ -32,7 +32,11 @@ pub fn handle(session: &mut Session, req: &Value) -> Value {
     let (id, method, params) = match request(req) {
         Ok(r) => r,
         Err(msg) => {
-            let id = req.get("id").filter(|i| is_id(i)).cloned().unwrap_or(Value::Null);
+            let id = req
+                .get("id")
+                .filter(|i| is_id(i))
+                .cloned()
+                .unwrap_or(Value::Null);
             return error(id, INVALID_REQUEST, &format!("Invalid request: {msg}"));
         }
     };
@@ -117,7 +121,10 @@ fn call(session: &mut Session, id: Value, params: &Value) -> Value {
             ),
         );
     }
-    let args = params.get("arguments").cloned().unwrap_or_else(|| json!({}));
+    let args = params
+        .get("arguments")
+        .cloned()
+        .unwrap_or_else(|| json!({}));
     let result = match name {
         "act" => Action::from_value(&args).and_then(|a| session.step(a.message)),
         "observe" => session.observation(),
@@ -136,7 +143,10 @@ fn call(session: &mut Session, id: Value, params: &Value) -> Value {
 fn tool_result(r: Result<StepReply, WireError>) -> Value {
     match r {
         Ok(reply) => {
-            let text = reply.observation["prompt"].as_str().unwrap_or_default().to_string();
+            let text = reply.observation["prompt"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string();
             tool_text(text, Some(reply.to_json()), false)
         }
         Err(e) => tool_text(e.message, None, true),
@@ -169,7 +179,10 @@ mod tests {
     #[test]
     fn tools_list_call_and_refusals() {
         let mut s = Session::new(Arc::from(create("ticketmelt", &Options::new()).unwrap()));
-        let list = handle(&mut s, &json!({"jsonrpc": "2.0", "method": "tools/list", "id": 1}));
+        let list = handle(
+            &mut s,
+            &json!({"jsonrpc": "2.0", "method": "tools/list", "id": 1}),
+        );
         let names: Vec<&str> = list["result"]["tools"]
             .as_array()
             .unwrap()
@@ -180,7 +193,11 @@ mod tests {
         assert!(names.iter().all(|n| !RESERVED.contains(n)));
         let act = json!({"jsonrpc": "2.0", "method": "tools/call", "id": "a",
                          "params": {"name": "act", "arguments": {"message": "MONITOR"}}});
-        assert_eq!(handle(&mut s, &act)["result"]["isError"], true, "before reset");
+        assert_eq!(
+            handle(&mut s, &act)["result"]["isError"],
+            true,
+            "before reset"
+        );
         s.reset(ResetParams::default());
         let r = handle(&mut s, &act);
         assert_eq!(r["id"], "a");
@@ -193,7 +210,10 @@ mod tests {
             );
             assert_eq!(r["error"]["code"], INVALID_PARAMS, "{name}");
         }
-        let r = handle(&mut s, &json!({"jsonrpc": "2.0", "method": "nope", "id": 3}));
+        let r = handle(
+            &mut s,
+            &json!({"jsonrpc": "2.0", "method": "nope", "id": 3}),
+        );
         assert_eq!(r["error"]["code"], METHOD_NOT_FOUND);
         let r = handle(&mut s, &json!({"jsonrpc": "1.0", "method": "tools/list"}));
         assert_eq!(r["error"]["code"], INVALID_REQUEST);

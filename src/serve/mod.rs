@@ -16,6 +16,7 @@
 //! Environment steps run on the async workers directly: a step of every built-in
 //! environment takes microseconds (see `concord envs bench`), less than a hop to a
 //! blocking pool would cost.
+pub mod bench;
 pub mod http;
 pub mod mcp;
 pub mod protocol;
@@ -183,9 +184,7 @@ fn runtime() -> Result<tokio::runtime::Runtime> {
         .context("starting the async runtime")
 }
 
-async fn bind(
-    opts: &ServeOptions,
-) -> Result<(tokio::net::TcpListener, App, watch::Sender<bool>)> {
+async fn bind(opts: &ServeOptions) -> Result<(tokio::net::TcpListener, App, watch::Sender<bool>)> {
     anyhow::ensure!(opts.max_sessions >= 1, "--max-sessions must be at least 1");
     let factory: Arc<dyn EnvFactory> = Arc::from(envs::create(&opts.env, &opts.options)?);
     let summary = envs::entry(&opts.env).map_or("", |e| e.summary);

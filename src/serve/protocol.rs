@@ -104,7 +104,12 @@ impl Incoming {
         };
         let kind = match obj.get("type") {
             Some(Value::String(s)) => s.as_str(),
-            Some(_) => return Err(WireError::new(ErrorCode::UnknownType, "`type` must be a string")),
+            Some(_) => {
+                return Err(WireError::new(
+                    ErrorCode::UnknownType,
+                    "`type` must be a string",
+                ))
+            }
             None => {
                 return Err(WireError::new(
                     ErrorCode::UnknownType,
@@ -140,7 +145,9 @@ impl Incoming {
                 only_keys(&obj, &["type", "data"], "")?;
                 match obj.get("data") {
                     Some(d @ Value::Object(_)) => Ok(Incoming::Mcp(d.clone())),
-                    _ => Err(WireError::invalid("`data` must be a JSON-RPC request object")),
+                    _ => Err(WireError::invalid(
+                        "`data` must be a JSON-RPC request object",
+                    )),
                 }
             }
             other => Err(WireError::new(
@@ -157,7 +164,9 @@ impl ResetParams {
         let seed = match d.get("seed") {
             None | Some(Value::Null) => None,
             Some(v) => Some(v.as_u64().ok_or_else(|| {
-                WireError::invalid(format!("`seed` must be an integer >= 0 (at most 2^64-1), got {v}"))
+                WireError::invalid(format!(
+                    "`seed` must be an integer >= 0 (at most 2^64-1), got {v}"
+                ))
             })?),
         };
         let episode_id = optional_id(d, "episode_id")?;
@@ -170,7 +179,9 @@ impl Action {
     /// `Action`, an optional `metadata` object; any other key is refused.
     pub fn from_value(v: &Value) -> Result<Self, WireError> {
         let Value::Object(a) = v else {
-            return Err(WireError::invalid("the action must be an object: {\"message\": \"...\"}"));
+            return Err(WireError::invalid(
+                "the action must be an object: {\"message\": \"...\"}",
+            ));
         };
         only_keys(a, &["message", "metadata"], "action ")?;
         if let Some(m) = a.get("metadata") {
@@ -193,7 +204,10 @@ impl Action {
 /// `request_id`; other keys are allowed and ignored.
 pub fn parse_step_request(body: &Value) -> Result<Action, (WireError, &'static [&'static str])> {
     let Value::Object(b) = body else {
-        return Err((WireError::invalid("the body must be a JSON object"), &["body"]));
+        return Err((
+            WireError::invalid("the body must be a JSON object"),
+            &["body"],
+        ));
     };
     if let Some(t) = b.get("timeout_s") {
         if !t.is_null() && !t.as_f64().is_some_and(|x| x > 0.0) {
@@ -359,13 +373,17 @@ mod tests {
         ] {
             assert_eq!(code(bad), ErrorCode::ValidationError, "{bad}");
         }
-        let long = format!(r#"{{"type":"reset","data":{{"episode_id":"{}"}}}}"#, "x".repeat(256));
+        let long = format!(
+            r#"{{"type":"reset","data":{{"episode_id":"{}"}}}}"#,
+            "x".repeat(256)
+        );
         assert_eq!(code(&long), ErrorCode::ValidationError);
     }
 
     #[test]
     fn step_requests_mirror_fastapi() {
-        let ok = json!({"action": {"message": "m"}, "timeout_s": 3.0, "request_id": "r", "other": 1});
+        let ok =
+            json!({"action": {"message": "m"}, "timeout_s": 3.0, "request_id": "r", "other": 1});
         assert_eq!(parse_step_request(&ok).unwrap().message, "m");
         for bad in [
             json!({}),

@@ -153,9 +153,10 @@ impl Session {
 
     /// The current observation (MCP `observe`), or an error before the first reset.
     pub fn observation(&self) -> Result<StepReply, WireError> {
-        let ep = self.episode.as_ref().ok_or_else(|| {
-            WireError::new(ErrorCode::ExecutionError, "no episode: reset first")
-        })?;
+        let ep = self
+            .episode
+            .as_ref()
+            .ok_or_else(|| WireError::new(ErrorCode::ExecutionError, "no episode: reset first"))?;
         Ok(StepReply {
             observation: ep.observation(),
             reward: None,
@@ -184,7 +185,10 @@ impl Episode {
     fn observation(&self) -> Value {
         let seat = self.seat();
         let messages = self.env.observation(seat);
-        let prompt = messages.last().map(|m| m.content.clone()).unwrap_or_default();
+        let prompt = messages
+            .last()
+            .map(|m| m.content.clone())
+            .unwrap_or_default();
         let (valid, feedback) = match &self.last {
             Some((_, v, f)) => (json!(v), f.clone()),
             None => (Value::Null, String::new()),
@@ -215,7 +219,8 @@ impl Episode {
 
 /// A random UUID-4-shaped id (what openenv-core's environments use).
 fn new_episode_id() -> String {
-    let x: u128 = (rand::random::<u128>() & !(0xf << 76) & !(0x3 << 62)) | (0x4 << 76) | (0x2 << 62);
+    let x: u128 =
+        (rand::random::<u128>() & !(0xf << 76) & !(0x3 << 62)) | (0x4 << 76) | (0x2 << 62);
     let h = format!("{x:032x}");
     format!(
         "{}-{}-{}-{}-{}",
@@ -243,7 +248,10 @@ mod tests {
     #[test]
     fn step_before_reset_and_after_done_are_execution_errors() {
         let mut s = session(&[]);
-        assert_eq!(s.step("x".into()).unwrap_err().code, ErrorCode::ExecutionError);
+        assert_eq!(
+            s.step("x".into()).unwrap_err().code,
+            ErrorCode::ExecutionError
+        );
         let r = s.reset(ResetParams {
             seed: Some(3),
             episode_id: Some("ep".into()),
@@ -255,7 +263,10 @@ mod tests {
             last = s.step("{\"commitment\":\"MONITOR\"}".into()).unwrap();
         }
         assert!(last.observation["rewards"].is_array());
-        assert_eq!(s.step("x".into()).unwrap_err().code, ErrorCode::ExecutionError);
+        assert_eq!(
+            s.step("x".into()).unwrap_err().code,
+            ErrorCode::ExecutionError
+        );
         assert_eq!(s.state()["episode_id"], "ep");
         assert_eq!(s.state()["seed"], 3);
     }
@@ -273,11 +284,17 @@ mod tests {
         assert_eq!(r.observation["seat"], 1);
         assert_eq!(r.observation["valid"], Value::Null);
         assert_eq!(r.reward, Some(0.0));
-        assert_eq!(s.state()["transcript"]["steps"].as_array().unwrap().len(), 0);
+        assert_eq!(
+            s.state()["transcript"]["steps"].as_array().unwrap().len(),
+            0
+        );
         for _ in 1..4 {
             s.step("DEPLOY_PROD_B".into()).unwrap();
         }
-        assert_eq!(s.state()["transcript"]["steps"].as_array().unwrap().len(), 1);
+        assert_eq!(
+            s.state()["transcript"]["steps"].as_array().unwrap().len(),
+            1
+        );
     }
 
     #[test]

@@ -26,7 +26,10 @@ pub async fn handler(ws: WebSocketUpgrade, State(app): State<App>) -> Response {
 
 async fn session(mut socket: WebSocket, app: App) {
     let Ok(_permit) = app.slots.clone().try_acquire_owned() else {
-        warn!(max_sessions = app.max_sessions, "session refused: capacity reached");
+        warn!(
+            max_sessions = app.max_sessions,
+            "session refused: capacity reached"
+        );
         let e = WireError::new(
             ErrorCode::CapacityReached,
             format!(

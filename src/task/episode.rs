@@ -223,7 +223,8 @@ pub fn play_episodes(
         for j in 0..g {
             let ep = src.envs.len();
             // G sessions of the same seed: a remote server may refuse or be gone.
-            src.envs.push(task.factory.try_reset(starts[span.start].seed)?);
+            src.envs
+                .push(task.factory.try_reset(starts[span.start].seed)?);
             src.pending.push(BTreeMap::new());
             src.retired.push(BTreeSet::new());
             let mut seat_rows = BTreeMap::new();
