@@ -41,7 +41,7 @@ pub fn build(cfg: &Config) -> Result<Vec<Stage>> {
             .ok_or_else(|| anyhow!("missing [env] (or [[stage]] tables)"))?;
         let task: Box<dyn Task> = if env.is_episode() {
             Box::new(
-                EpisodeTask::new(&env.name, &env.options, env.shaped_rewards)?
+                EpisodeTask::from_factory(env.factory()?, env.shaped_rewards)
                     .with_max_turn_tokens(env.max_turn_tokens),
             )
         } else {

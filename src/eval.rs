@@ -54,13 +54,13 @@ pub struct EvalOptions {
 
 /// The environments evaluated: those of the last stage (or `[env]`), with its options.
 pub fn eval_envs(cfg: &Config) -> Result<Vec<(String, Box<dyn EnvFactory>)>> {
-    let names_opts = match cfg.stages.last() {
+    let names_opts: Vec<(String, envs::Options)> = match cfg.stages.last() {
         None => {
             let env = cfg
                 .env
                 .as_ref()
                 .context("missing [env] (or [[stage]] tables)")?;
-            vec![(env.name.clone(), env.options.clone())]
+            return Ok(vec![(env.label(), env.factory()?)]);
         }
         Some(s) => crate::config::stage::stage_envs(cfg, s)?
             .into_iter()

@@ -21,6 +21,7 @@ pub mod plot;
 pub mod rng;
 pub mod run;
 pub mod sample;
+pub mod serve;
 pub mod sft;
 pub mod sys;
 pub mod task;

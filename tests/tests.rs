@@ -17,6 +17,7 @@ mod plot;
 mod postmortem;
 mod reliability;
 mod sample_model;
+mod serve;
 mod sft;
 mod shared_prompt;
 mod ticketmelt;

@@ -18,6 +18,52 @@ pub enum BenchCommand {
     Train(BenchTrainArgs),
     /// One full GRPO step of a config (sampling, scoring, update): seconds per phase.
     GrpoStep(BenchStepArgs),
+    /// OpenEnv round trips per second: `concord serve` in-process, WebSocket clients
+    /// playing reset + N steps, over 1 and many parallel sessions.
+    Serve(BenchServeArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct BenchServeArgs {
+    /// Environment name (see `concord envs list`).
+    pub env: String,
+    /// Parallel sessions of each measurement (repeatable).
+    #[arg(long = "sessions", default_values_t = [1usize, 64], value_parser = super::positive)]
+    pub sessions: Vec<usize>,
+    /// Steps per episode after its reset.
+    #[arg(long, default_value_t = 8)]
+    pub steps: usize,
+    /// Seconds of wall time per measurement.
+    #[arg(long, default_value_t = 5.0)]
+    pub secs: f64,
+    /// Print JSON lines.
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub opts: super::envs::EnvOpts,
+}
+
+fn run_serve(a: BenchServeArgs) -> anyhow::Result<()> {
+    let options = a.opts.options()?;
+    for &n in &a.sessions {
+        let r = crate::serve::bench::round_trips(&a.env, &options, n, a.steps, a.secs)?;
+        if a.json {
+            println!("{}", serde_json::to_string(&r)?);
+        } else {
+            println!(
+                "{}: {} session(s), reset + {} steps: {:.0} round trips/s, {:.0} episodes/s \
+                 ({} round trips in {:.1} s)",
+                r.env,
+                r.sessions,
+                r.steps_per_episode,
+                r.round_trips_per_s,
+                r.episodes_per_s,
+                r.round_trips,
+                r.seconds
+            );
+        }
+    }
+    Ok(())
 }
 
 pub fn run(args: BenchArgs) -> anyhow::Result<()> {
@@ -25,6 +71,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         BenchCommand::Sample(a) => run_sample(a),
         BenchCommand::Train(a) => crate::grpo::bench::bench_train(&a.options()?),
         BenchCommand::GrpoStep(a) => run_step(a),
+        BenchCommand::Serve(a) => run_serve(a),
     }
 }
 

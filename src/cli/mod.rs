@@ -8,6 +8,7 @@ pub mod generate;
 pub mod model;
 mod plot;
 pub mod score;
+mod serve;
 mod sft;
 mod train;
 
@@ -45,6 +46,8 @@ pub enum Command {
     Bench(bench::BenchArgs),
     /// Draw reward_curve.png, components.png (and before_after.png after `eval --compare`) for a run directory.
     Plot(plot::PlotArgs),
+    /// Serve an environment over the OpenEnv protocol (WebSocket /ws, HTTP, MCP).
+    Serve(serve::ServeArgs),
     /// Upload a run's adapter, logs, plots and a model card to the Hugging Face Hub.
     Export(export::ExportArgs),
 }
@@ -82,5 +85,6 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Bench(args) => bench::run(args),
         Command::Plot(args) => plot::run(args),
         Command::Export(args) => export::run(args),
+        Command::Serve(args) => serve::run(args),
     }
 }

@@ -484,8 +484,24 @@ impl Default for OptimConfig {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 pub struct EnvConfig {
-    /// Registry name (`ticketmelt`, `merge_ring`, ...).
+    /// Registry name (`ticketmelt`, `merge_ring`, ...); optional with `url`.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub name: String,
+    /// An OpenEnv server (`ws://host:port` or `http://host:port`) to train on instead
+    /// of a built-in environment, in episode mode (see [`crate::envs::remote`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub url: Option<String>,
+    /// With `url`: the action field the model's text is sent in (default `message`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub action_key: Option<String>,
+    /// With `url`: the observation field that is the model's text (default: the
+    /// observation's `messages`, else its JSON).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observation_key: Option<String>,
+    /// With `url`: end an episode after this many steps even if the server goes on
+    /// (0: when the server says `done`).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub max_steps: usize,
     /// `decision` (default): each completion is one decision, scored by finishing the
     /// episode with the continuation policy; `episode`: each completion is a whole
     /// trajectory (see [`crate::task::episode`]).
@@ -526,6 +542,10 @@ impl EnvConfig {
     pub fn new(name: impl Into<String>, options: toml::Table) -> Self {
         Self {
             name: name.into(),
+            url: None,
+            action_key: None,
+            observation_key: None,
+            max_steps: 0,
             mode: EnvMode::Decision,
             shaped_rewards: false,
             max_turn_tokens: 0,
@@ -534,6 +554,35 @@ impl EnvConfig {
     }
     pub fn is_episode(&self) -> bool {
         self.mode == EnvMode::Episode
+    }
+
+    /// The OpenEnv server of `url`, if one is configured.
+    pub fn remote_spec(&self) -> Option<crate::envs::remote::RemoteSpec> {
+        self.url.as_ref().map(|u| {
+            let mut spec = crate::envs::remote::RemoteSpec::new(u.clone());
+            if let Some(k) = &self.action_key {
+                spec.action_key = k.clone();
+            }
+            spec.observation_key = self.observation_key.clone();
+            spec.max_steps = self.max_steps;
+            spec
+        })
+    }
+
+    /// The environment's factory: the remote server of `url`, else the registry's.
+    pub fn factory(&self) -> Result<Box<dyn crate::envs::EnvFactory>> {
+        match self.remote_spec() {
+            Some(spec) => Ok(Box::new(crate::envs::remote::RemoteFactory::new(spec)?)),
+            None => crate::envs::create(&self.name, &self.options),
+        }
+    }
+
+    /// How logs and reports name the environment: its registry name, or its URL.
+    pub fn label(&self) -> String {
+        match &self.url {
+            Some(u) => u.clone(),
+            None => self.name.clone(),
+        }
     }
 }
 
@@ -598,9 +647,11 @@ impl Config {
                 None => anyhow!("{origin}: {e:#}"),
             }
         })?;
-        if let (Some(env), true) = (&cfg.env, cfg.stages.is_empty()) {
+        let built_in = cfg.env.as_ref().filter(|e| e.url.is_none());
+        if let (Some(env), true) = (built_in, cfg.stages.is_empty()) {
             // `[env.options]` are the environment's to check: build it once so a bad
-            // option fails here, with the file and the option's line.
+            // option fails here, with the file and the option's line. (A remote
+            // server is only reached when training starts.)
             crate::envs::create(&env.name, &env.options)
                 .map_err(|e| locate_env_error(text, origin, &e))?;
         }

@@ -311,9 +311,18 @@ impl Config {
                 ));
             }
         }
+        if let Some(e) = &self.env {
+            self.check_remote(e)?;
+        }
         match &self.env {
-            Some(e) if e.name.trim().is_empty() => {
-                return Err(err("env", "name", "must name an environment".into()))
+            Some(e) if e.name.trim().is_empty() && e.url.is_none() => {
+                return Err(err(
+                    "env",
+                    "name",
+                    "must name an environment (see `concord envs list`), or give \
+                     url = \"ws://host:port\" to train on an OpenEnv server"
+                        .into(),
+                ))
             }
             // An SFT-only config may have no environment (`concord train` then says so).
             None if self.stages.is_empty() && self.sft.is_none() => {
@@ -327,6 +336,54 @@ impl Config {
         if let Some(s) = &self.sft {
             s.check(self.env.is_some())
                 .map_err(|(key, msg)| err("sft", key, msg))?;
+        }
+        Ok(())
+    }
+
+    /// `[env] url` and the keys that go with it.
+    fn check_remote(&self, e: &EnvConfig) -> std::result::Result<(), ValidationError> {
+        let err = |key: &str, msg: String| ValidationError {
+            key: Some(("env".to_string(), key.to_string())),
+            message: format!("env.{key}: {msg}"),
+        };
+        let Some(spec) = e.remote_spec() else {
+            for (key, set) in [
+                ("action_key", e.action_key.is_some()),
+                ("observation_key", e.observation_key.is_some()),
+                ("max_steps", e.max_steps > 0),
+            ] {
+                if set {
+                    return Err(err(
+                        key,
+                        "applies with url = \"ws://host:port\" only".into(),
+                    ));
+                }
+            }
+            return Ok(());
+        };
+        if let Err(x) = spec.ws_url() {
+            return Err(err("url", format!("{x:#}")));
+        }
+        if !e.is_episode() {
+            return Err(err(
+                "url",
+                "an OpenEnv server trains whole episodes: add mode = \"episode\" to [env]".into(),
+            ));
+        }
+        if !e.options.is_empty() {
+            // reported at `url` (a table header has no key line to point at)
+            return Err(err(
+                "url",
+                "[env.options] configure built-in environments; an OpenEnv server takes \
+                 its options when it is started (e.g. concord serve NAME --set k=v)"
+                    .into(),
+            ));
+        }
+        if spec.action_key.trim().is_empty() {
+            return Err(err(
+                "action_key",
+                "must name the action's text field".into(),
+            ));
         }
         Ok(())
     }

@@ -83,6 +83,7 @@
 
 pub mod merge_ring;
 pub mod postmortem;
+pub mod remote;
 pub mod rollout;
 pub mod ticketmelt;
 pub mod tools;
@@ -291,6 +292,11 @@ pub trait EnvFactory: Send + Sync {
     fn name(&self) -> &'static str;
     /// A new episode; the same seed always gives the same episode.
     fn reset(&self, seed: u64) -> Box<dyn Environment>;
+    /// [`EnvFactory::reset`] for factories that can fail (a remote server may be
+    /// unreachable): the trainer calls this one. Default: `reset` never fails.
+    fn try_reset(&self, seed: u64) -> anyhow::Result<Box<dyn Environment>> {
+        Ok(self.reset(seed))
+    }
     /// The [`Tools`] capability, if the environment has it.
     fn tools(&self) -> Option<&dyn Tools> {
         None

@@ -30,6 +30,7 @@ use super::update::{Learner, UpdateStats};
 use crate::config::stage::StageLength;
 use crate::config::Config;
 use crate::curriculum::{total_steps, Stage};
+use crate::envs::remote::ConnectionLost;
 use crate::model::budget::MemoryBudget;
 use crate::model::qwen2::Qwen2;
 use crate::rng::mix_seeds as mix;
@@ -227,7 +228,10 @@ impl Trainer {
             if limit == Some(done_here) {
                 break;
             }
-            let row = self.step_with(&mut edit)?;
+            let row = match self.step_with(&mut edit) {
+                Ok(row) => row,
+                Err(e) => return Err(self.on_step_error(e)),
+            };
             done_here += 1;
             pb.set_position(self.state.step as u64);
             pb.set_message(format!(
@@ -254,6 +258,31 @@ impl Trainer {
         }
         pb.finish();
         Ok(())
+    }
+
+    /// A step failed. A lost remote environment ([`ConnectionLost`]) happens before
+    /// the update (while collecting), so the adapter and optimizer still hold the last
+    /// finished step: write its checkpoint and say how to resume, rather than score
+    /// the lost episodes as zeros.
+    fn on_step_error(&self, e: anyhow::Error) -> anyhow::Error {
+        let lost = e.chain().any(|c| c.is::<ConnectionLost>());
+        if !lost || self.state.step == 0 {
+            return e;
+        }
+        let s = self.state.step;
+        match self.save_checkpoint() {
+            Ok(_) => e.context(format!(
+                "step {} stopped: the OpenEnv server was lost; checkpoint-{s} written; \
+                 resume with `concord train --resume {}` once it is back",
+                s + 1,
+                self.run_dir.display()
+            )),
+            Err(ce) => e.context(format!(
+                "step {} stopped: the OpenEnv server was lost, and writing checkpoint-{s} \
+                 failed too: {ce:#}",
+                s + 1
+            )),
+        }
     }
 
     /// One GRPO step: collect, update, log, advance the curriculum.

@@ -61,11 +61,19 @@ pub struct EpisodeTask {
 
 impl EpisodeTask {
     pub fn new(name: &str, options: &envs::Options, shaped_rewards: bool) -> Result<Self> {
-        Ok(Self {
-            factory: envs::create(name, options)?,
+        Ok(Self::from_factory(
+            envs::create(name, options)?,
+            shaped_rewards,
+        ))
+    }
+
+    /// Episodes of any factory (a remote OpenEnv server included).
+    pub fn from_factory(factory: Box<dyn EnvFactory>, shaped_rewards: bool) -> Self {
+        Self {
+            factory,
             shaped: shaped_rewards,
             max_turn_tokens: 0,
-        })
+        }
     }
 
     /// Model turns end after `n` tokens (0: only at a stop token or the budget).
@@ -85,7 +93,7 @@ impl EpisodeTask {
 
     /// The prompts of the episode starting from `seed`: one per policy seat.
     pub fn starts(&self, seed: u64, renderer: &dyn Renderer) -> Result<Vec<TaskPrompt>> {
-        let env = self.factory.reset(seed);
+        let env = self.factory.try_reset(seed)?;
         let seats = env.policy_seats();
         let acting: BTreeSet<usize> = env.to_act().into_iter().collect();
         ensure!(
@@ -214,7 +222,9 @@ pub fn play_episodes(
     for span in &spans {
         for j in 0..g {
             let ep = src.envs.len();
-            src.envs.push(task.factory.reset(starts[span.start].seed));
+            // G sessions of the same seed: a remote server may refuse or be gone.
+            src.envs
+                .push(task.factory.try_reset(starts[span.start].seed)?);
             src.pending.push(BTreeMap::new());
             src.retired.push(BTreeSet::new());
             let mut seat_rows = BTreeMap::new();
@@ -319,6 +329,13 @@ impl EnvTurns<'_> {
                 return Ok(());
             }
             let acting = self.envs[ep].to_act();
+            // Without scripted policies (a remote server) nobody can play a seat out
+            // of budget: its episode ends where it stands, scored by what it earned.
+            if self.envs[ep].as_scripted().is_none()
+                && acting.iter().all(|s| self.retired[ep].contains(s))
+            {
+                return Ok(());
+            }
             let ready = acting.iter().all(|s| {
                 self.pending[ep].contains_key(s)
                     || self.retired[ep].contains(s)

@@ -1,0 +1,171 @@
+//! `GET /ws`: one environment session per WebSocket connection (openenv-core's
+//! `EnvClient` protocol). Frames are JSON text: `reset`, `step`, `state`, `close` (and
+//! `mcp`); replies are `observation`, `state`, `mcp` or `error` frames.
+//!
+//! A connection beyond `--max-sessions` gets one CAPACITY_REACHED error and is closed.
+//! A session idle for longer than the timeout gets SESSION_ERROR and is closed. A
+//! malformed frame gets an error reply and the session goes on: nothing a client sends
+//! reaches another session or the server.
+use super::protocol::{ErrorCode, Incoming, WireError};
+use super::session::Session;
+use super::{mcp, App};
+use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade};
+use axum::extract::State;
+use axum::response::Response;
+use serde_json::{json, Value};
+use tracing::{debug, info, warn};
+
+/// WebSocket close code "going away" (server shutting down).
+const GOING_AWAY: u16 = 1001;
+
+pub async fn handler(ws: WebSocketUpgrade, State(app): State<App>) -> Response {
+    ws.max_message_size(app.max_frame_bytes)
+        .on_failed_upgrade(|e| warn!(error = %e, "websocket upgrade failed"))
+        .on_upgrade(move |socket| session(socket, app))
+}
+
+async fn session(mut socket: WebSocket, app: App) {
+    let Ok(_permit) = app.slots.clone().try_acquire_owned() else {
+        warn!(
+            max_sessions = app.max_sessions,
+            "session refused: capacity reached"
+        );
+        let e = WireError::new(
+            ErrorCode::CapacityReached,
+            format!(
+                "the server is at capacity: {} sessions are open (concord serve \
+                 --max-sessions); close one or try again later",
+                app.max_sessions
+            ),
+        );
+        let mut frame = e.to_frame();
+        frame["data"]["active_sessions"] = json!(app.max_sessions);
+        frame["data"]["max_sessions"] = json!(app.max_sessions);
+        let _ = send(&mut socket, &frame).await;
+        let _ = socket.send(Message::Close(None)).await;
+        return;
+    };
+    let id = app.next_session();
+    info!(session = id, active = app.active(), "session opened");
+    let mut s = Session::new(app.factory.clone());
+    let mut shutdown = app.shutdown.clone();
+    let mut frames = 0u64;
+    let reason = loop {
+        let next = tokio::select! {
+            r = recv(&mut socket, app.idle) => r,
+            _ = stopped(&mut shutdown) => {
+                let _ = socket
+                    .send(Message::Close(Some(CloseFrame {
+                        code: GOING_AWAY,
+                        reason: "server shutting down".into(),
+                    })))
+                    .await;
+                break "shutdown";
+            }
+        };
+        let msg = match next {
+            Recv::Frame(m) => m,
+            Recv::Gone => break "client closed",
+            Recv::Idle => {
+                let e = WireError::new(
+                    ErrorCode::SessionError,
+                    format!(
+                        "session idle for more than {} s: closed (concord serve --session-timeout)",
+                        app.idle.map_or(0.0, |d| d.as_secs_f64())
+                    ),
+                );
+                let _ = send(&mut socket, &e.to_frame()).await;
+                let _ = socket.send(Message::Close(None)).await;
+                break "idle timeout";
+            }
+            Recv::Broken(err) => {
+                // e.g. a frame over --max-frame-bytes or broken framing: the
+                // connection cannot go on, but the client still gets the reason.
+                let e = WireError::new(ErrorCode::SessionError, format!("broken frame: {err}"));
+                let _ = send(&mut socket, &e.to_frame()).await;
+                break "broken frame";
+            }
+        };
+        frames += 1;
+        let reply = match msg {
+            Message::Text(t) => answer(&mut s, t.as_str()),
+            Message::Binary(_) => Some(
+                WireError::new(
+                    ErrorCode::InvalidJson,
+                    "binary frames are not accepted: send JSON as text frames",
+                )
+                .to_frame(),
+            ),
+            // tungstenite answers pings itself
+            Message::Ping(_) | Message::Pong(_) => continue,
+            Message::Close(_) => break "client closed",
+        };
+        match reply {
+            Some(v) => {
+                if send(&mut socket, &v).await.is_err() {
+                    break "send failed";
+                }
+            }
+            None => {
+                let _ = socket.send(Message::Close(None)).await;
+                break "close message";
+            }
+        }
+    };
+    info!(session = id, frames, reason, "session closed");
+}
+
+/// The reply to one text frame; None for `close`.
+fn answer(s: &mut Session, text: &str) -> Option<Value> {
+    let reply = match Incoming::parse(text) {
+        Err(e) => Err(e),
+        Ok(Incoming::Close) => return None,
+        Ok(Incoming::Reset(p)) => {
+            let seed = p.seed;
+            let r = s.reset(p);
+            debug!(?seed, "reset");
+            Ok(json!({"type": "observation", "data": r.to_json()}))
+        }
+        Ok(Incoming::Step(a)) => s
+            .step(a.message)
+            .map(|r| json!({"type": "observation", "data": r.to_json()})),
+        Ok(Incoming::State) => Ok(json!({"type": "state", "data": s.state()})),
+        Ok(Incoming::Mcp(req)) => Ok(json!({"type": "mcp", "data": mcp::handle(s, &req)})),
+    };
+    Some(reply.unwrap_or_else(|e| {
+        debug!(code = e.code.as_str(), message = %e.message, "refused frame");
+        e.to_frame()
+    }))
+}
+
+/// Resolves once the server shuts down (the watch guard is dropped before returning:
+/// it must not live across the close frame's await).
+async fn stopped(rx: &mut tokio::sync::watch::Receiver<bool>) {
+    let _ = rx.wait_for(|stop| *stop).await;
+}
+
+enum Recv {
+    Frame(Message),
+    Gone,
+    Idle,
+    Broken(axum::Error),
+}
+
+async fn recv(socket: &mut WebSocket, idle: Option<std::time::Duration>) -> Recv {
+    let next = match idle {
+        Some(d) => match tokio::time::timeout(d, socket.recv()).await {
+            Ok(n) => n,
+            Err(_) => return Recv::Idle,
+        },
+        None => socket.recv().await,
+    };
+    match next {
+        None => Recv::Gone,
+        Some(Ok(m)) => Recv::Frame(m),
+        Some(Err(e)) => Recv::Broken(e),
+    }
+}
+
+async fn send(socket: &mut WebSocket, v: &Value) -> Result<(), axum::Error> {
+    socket.send(Message::Text(v.to_string().into())).await
+}

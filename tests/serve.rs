@@ -1,0 +1,647 @@
+//! `concord serve` (the OpenEnv server) and `[env] url` (the OpenEnv client), against
+//! a server started on a free loopback port. Run with `cargo test --test tests serve::`.
+use concord::envs::remote::{ConnectionLost, RemoteFactory, RemoteSpec};
+use concord::envs::{self, EnvFactory, Options};
+use concord::serve::{spawn, Handle, ServeOptions};
+use proptest::prelude::*;
+use serde_json::{json, Value};
+use std::net::TcpStream;
+use std::time::Duration;
+use tungstenite::stream::MaybeTlsStream;
+use tungstenite::{Message, WebSocket};
+
+type Ws = WebSocket<MaybeTlsStream<TcpStream>>;
+
+fn server(max_sessions: usize, timeout: Option<Duration>) -> Handle {
+    let mut o = ServeOptions::new("ticketmelt");
+    o.port = 0;
+    o.max_sessions = max_sessions;
+    o.session_timeout = timeout;
+    o.max_frame_bytes = 64 * 1024;
+    spawn(&o).unwrap()
+}
+
+fn connect(h: &Handle) -> Ws {
+    let (ws, _) = tungstenite::connect(format!("ws://{}/ws", h.addr)).unwrap();
+    ws
+}
+
+fn send(ws: &mut Ws, frame: &str) -> Value {
+    ws.send(Message::text(frame)).unwrap();
+    read(ws)
+}
+
+fn read(ws: &mut Ws) -> Value {
+    loop {
+        match ws.read().unwrap() {
+            Message::Text(t) => return serde_json::from_str(t.as_str()).unwrap(),
+            Message::Close(c) => panic!("closed: {c:?}"),
+            _ => continue,
+        }
+    }
+}
+
+fn error_code(v: &Value) -> &str {
+    assert_eq!(v["type"], "error", "{v}");
+    v["data"]["code"].as_str().unwrap()
+}
+
+/// The `i`-th action text of a deterministic mix of valid and malformed answers.
+fn text(seed: u64, i: usize) -> String {
+    const T: [&str; 5] = [
+        r#"{"channel_msg":"b","commitment":"DEPLOY_PROD_B"}"#,
+        r#"{"commitment":"MONITOR"}"#,
+        "DEPLOY_PROD_A please",
+        "",
+        r#"{"commitment":"DEPLOY_PROD_A"}"#,
+    ];
+    T[(seed as usize * 7 + i * 3) % T.len()].to_string()
+}
+
+/// Play `seed` over the socket: (step rewards, final transcript).
+fn play_ws(ws: &mut Ws, seed: u64) -> (Vec<f64>, Value) {
+    let r = send(
+        ws,
+        &json!({"type": "reset", "data": {"seed": seed}}).to_string(),
+    );
+    assert_eq!(r["type"], "observation");
+    assert!(r["data"]["reward"].is_null());
+    let mut rewards = Vec::new();
+    let mut done = r["data"]["done"].as_bool().unwrap();
+    let mut i = 0;
+    while !done {
+        let r = send(
+            ws,
+            &json!({"type": "step", "data": {"message": text(seed, i)}}).to_string(),
+        );
+        assert_eq!(r["type"], "observation", "{r}");
+        rewards.push(r["data"]["reward"].as_f64().unwrap());
+        done = r["data"]["done"].as_bool().unwrap();
+        i += 1;
+    }
+    let s = send(ws, r#"{"type":"state"}"#);
+    assert_eq!(s["type"], "state");
+    assert_eq!(s["data"]["step_count"], i);
+    (rewards, s["data"]["transcript"].clone())
+}
+
+/// `v` as a client parses it off the wire (serde_json's float parsing may differ
+/// from the printed shortest form by one ulp; Python's does not).
+fn wire<T: serde::Serialize + serde::de::DeserializeOwned>(v: T) -> T {
+    serde_json::from_str(&serde_json::to_string(&v).unwrap()).unwrap()
+}
+
+/// The same episode played in-process, as it reads off the wire.
+fn play_local(seed: u64) -> (Vec<f64>, Value, f64) {
+    let f = envs::create("ticketmelt", &Options::new()).unwrap();
+    let mut env = f.reset(seed);
+    let mut rewards = Vec::new();
+    let mut i = 0;
+    while !env.done() {
+        let out = env.step(&[text(seed, i)]).unwrap();
+        rewards.push(out.rewards[0]);
+        i += 1;
+    }
+    (
+        wire(rewards),
+        wire(env.transcript()),
+        wire(env.reward(0).scalar),
+    )
+}
+
+#[test]
+fn an_episode_over_the_socket_equals_the_same_seed_in_process() {
+    let h = server(4, None);
+    let mut ws = connect(&h);
+    for seed in [0, 3, 42] {
+        let (rewards, transcript) = play_ws(&mut ws, seed);
+        let (local, local_transcript, scalar) = play_local(seed);
+        assert_eq!(rewards, local, "seed {seed}");
+        assert_eq!(transcript, local_transcript, "seed {seed}");
+        assert!((rewards.iter().sum::<f64>() - scalar).abs() < 1e-12);
+    }
+    // the WebSocket's reset honours episode_id; its close message ends the session
+    let r = send(
+        &mut ws,
+        r#"{"type":"reset","data":{"seed":1,"episode_id":"mine"}}"#,
+    );
+    assert_eq!(r["data"]["observation"]["step"], 0);
+    assert_eq!(
+        send(&mut ws, r#"{"type":"state"}"#)["data"]["episode_id"],
+        "mine"
+    );
+    ws.send(Message::text(r#"{"type":"close"}"#)).unwrap();
+    match ws.read() {
+        Ok(Message::Close(_)) | Err(_) => {}
+        Ok(m) => panic!("after close: {m:?}"),
+    }
+}
+
+#[test]
+fn every_websocket_error_code() {
+    let h = server(1, Some(Duration::from_millis(300)));
+    let mut ws = connect(&h);
+    assert_eq!(error_code(&send(&mut ws, "{not json")), "INVALID_JSON");
+    ws.send(Message::binary(vec![0u8, 159, 146])).unwrap();
+    assert_eq!(error_code(&read(&mut ws)), "INVALID_JSON");
+    assert_eq!(
+        error_code(&send(&mut ws, r#"{"type":"fly"}"#)),
+        "UNKNOWN_TYPE"
+    );
+    assert_eq!(error_code(&send(&mut ws, r#"{"data":{}}"#)), "UNKNOWN_TYPE");
+    for bad in [
+        r#"{"type":"step","data":{"message":7}}"#,
+        r#"{"type":"step","data":{}}"#,
+        r#"{"type":"step","data":{"message":"x","extra":1}}"#,
+        r#"{"type":"reset","data":{"seed":-3}}"#,
+        r#"{"type":"state","extra":true}"#,
+        "[]",
+    ] {
+        assert_eq!(error_code(&send(&mut ws, bad)), "VALIDATION_ERROR", "{bad}");
+    }
+    let before_reset = send(&mut ws, r#"{"type":"step","data":{"message":"x"}}"#);
+    assert_eq!(error_code(&before_reset), "EXECUTION_ERROR");
+    // the session is still usable after every refusal
+    let (rewards, _) = play_ws(&mut ws, 5);
+    assert_eq!(rewards, play_local(5).0);
+    let after_done = send(&mut ws, r#"{"type":"step","data":{"message":"x"}}"#);
+    assert_eq!(error_code(&after_done), "EXECUTION_ERROR");
+    // one session is the limit
+    let mut second = connect(&h);
+    let refused = read(&mut second);
+    assert_eq!(error_code(&refused), "CAPACITY_REACHED");
+    assert_eq!(refused["data"]["max_sessions"], 1);
+    // idle past the timeout: SESSION_ERROR, then the server closes the session
+    assert_eq!(error_code(&read(&mut ws)), "SESSION_ERROR");
+}
+
+#[test]
+fn an_oversized_frame_ends_only_its_session() {
+    let h = server(4, None);
+    let mut other = connect(&h);
+    send(&mut other, r#"{"type":"reset","data":{"seed":9}}"#);
+    let mut ws = connect(&h);
+    let big = format!(
+        r#"{{"type":"step","data":{{"message":"{}"}}}}"#,
+        "x".repeat(100_000)
+    );
+    let _ = ws.send(Message::text(big));
+    // SESSION_ERROR if the reply makes it before the connection drops
+    if let Ok(Message::Text(t)) = ws.read() {
+        let v: Value = serde_json::from_str(t.as_str()).unwrap();
+        assert_eq!(error_code(&v), "SESSION_ERROR");
+    }
+    let r = send(
+        &mut other,
+        r#"{"type":"step","data":{"message":"MONITOR"}}"#,
+    );
+    assert_eq!(r["data"]["observation"]["step"], 1);
+    assert_eq!(health(&h), json!({"status": "healthy"}));
+}
+
+#[test]
+fn capacity_is_refused_then_freed() {
+    let h = server(2, None);
+    let mut a = connect(&h);
+    let mut b = connect(&h);
+    send(&mut a, r#"{"type":"reset","data":{"seed":1}}"#);
+    send(&mut b, r#"{"type":"reset","data":{"seed":2}}"#);
+    let mut c = connect(&h);
+    assert_eq!(error_code(&read(&mut c)), "CAPACITY_REACHED");
+    a.send(Message::text(r#"{"type":"close"}"#)).unwrap();
+    while a.read().is_ok() {}
+    // the slot comes back once the server has seen the close
+    let freed = (0..200).any(|_| {
+        let mut d = connect(&h);
+        let r = send(&mut d, r#"{"type":"reset","data":{"seed":3}}"#);
+        if r["type"] == "observation" {
+            return true;
+        }
+        assert_eq!(error_code(&r), "CAPACITY_REACHED");
+        std::thread::sleep(Duration::from_millis(10));
+        false
+    });
+    assert!(freed, "a closed session's slot was never freed");
+    // b was not disturbed
+    let r = send(&mut b, r#"{"type":"step","data":{"message":"MONITOR"}}"#);
+    assert_eq!(r["data"]["observation"]["step"], 1);
+}
+
+#[test]
+fn sixty_four_concurrent_sessions_are_independent_and_seeded() {
+    let h = server(64, None);
+    let addr = h.addr;
+    let threads: Vec<_> = (0..64u64)
+        .map(|i| {
+            std::thread::spawn(move || {
+                let (mut ws, _) = tungstenite::connect(format!("ws://{addr}/ws")).unwrap();
+                // pairs of sessions share a seed: same seed, same episode
+                let seed = i / 2;
+                let first = play_ws(&mut ws, seed);
+                let again = play_ws(&mut ws, seed);
+                assert_eq!(first, again);
+                (seed, first)
+            })
+        })
+        .collect();
+    for t in threads {
+        let (seed, (rewards, transcript)) = t.join().unwrap();
+        let (local, local_transcript, _) = play_local(seed);
+        assert_eq!(rewards, local, "seed {seed}");
+        assert_eq!(transcript, local_transcript, "seed {seed}");
+    }
+}
+
+fn url(h: &Handle, path: &str) -> String {
+    format!("http://{}{path}", h.addr)
+}
+
+fn health(h: &Handle) -> Value {
+    ureq::get(&url(h, "/health"))
+        .call()
+        .unwrap()
+        .into_json()
+        .unwrap()
+}
+
+/// (status, body) of a POST.
+fn post(h: &Handle, path: &str, body: &str) -> (u16, Value) {
+    let r = ureq::post(&url(h, path))
+        .set("content-type", "application/json")
+        .send_string(body);
+    match r {
+        Ok(r) => (r.status(), r.into_json().unwrap()),
+        Err(ureq::Error::Status(code, r)) => (code, r.into_json().unwrap()),
+        Err(e) => panic!("{e}"),
+    }
+}
+
+#[test]
+fn every_http_endpoint() {
+    let h = server(2, None);
+    assert_eq!(health(&h), json!({"status": "healthy"}));
+    let meta: Value = ureq::get(&url(&h, "/metadata"))
+        .call()
+        .unwrap()
+        .into_json()
+        .unwrap();
+    assert_eq!(meta["name"], "ticketmelt");
+    assert!(meta["readme_content"].as_str().unwrap().len() > 100);
+    let schema: Value = ureq::get(&url(&h, "/schema"))
+        .call()
+        .unwrap()
+        .into_json()
+        .unwrap();
+    assert_eq!(schema["action"]["required"], json!(["message"]));
+    for k in ["action", "observation", "state"] {
+        assert_eq!(schema[k]["type"], "object", "{k}");
+    }
+    // step before reset: 409; an invalid action: 422 with FastAPI's detail list
+    let (code, _) = post(&h, "/step", r#"{"action":{"message":"MONITOR"}}"#);
+    assert_eq!(code, 409);
+    for bad in [
+        r#"{"action":{"message":1}}"#,
+        r#"{"action":{}}"#,
+        r#"{}"#,
+        r#"{"action":{"message":"x"},"timeout_s":-1}"#,
+        "{nope",
+    ] {
+        let (code, body) = post(&h, "/step", bad);
+        assert_eq!(code, 422, "{bad}");
+        assert!(body["detail"].is_array(), "{body}");
+    }
+    assert_eq!(post(&h, "/reset", r#"{"seed":-1}"#).0, 422);
+    // an episode over HTTP equals the in-process one
+    let (code, r) = post(&h, "/reset", r#"{"seed":11,"episode_id":"http"}"#);
+    assert_eq!(code, 200);
+    assert!(r["reward"].is_null());
+    let mut rewards = Vec::new();
+    let mut i = 0;
+    let mut done = false;
+    while !done {
+        let body = json!({"action": {"message": text(11, i)}, "request_id": "r"}).to_string();
+        let (code, r) = post(&h, "/step", &body);
+        assert_eq!(code, 200, "{r}");
+        rewards.push(r["reward"].as_f64().unwrap());
+        done = r["done"].as_bool().unwrap();
+        i += 1;
+    }
+    let (local, transcript, _) = play_local(11);
+    assert_eq!(rewards, local);
+    let state: Value = ureq::get(&url(&h, "/state"))
+        .call()
+        .unwrap()
+        .into_json()
+        .unwrap();
+    assert_eq!(state["episode_id"], "http");
+    assert_eq!(state["step_count"], i);
+    assert_eq!(state["transcript"], transcript);
+    assert_eq!(post(&h, "/step", r#"{"action":{"message":"x"}}"#).0, 409);
+    // an empty body resets with a random seed
+    assert_eq!(post(&h, "/reset", "").0, 200);
+}
+
+#[test]
+fn mcp_tools_over_http_and_websocket() {
+    let h = server(2, None);
+    let (code, r) = post(
+        &h,
+        "/mcp",
+        r#"{"jsonrpc":"2.0","method":"tools/list","id":1}"#,
+    );
+    assert_eq!(code, 200);
+    let names: Vec<&str> = r["result"]["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["act", "observe", "rules"]);
+    for reserved in ["reset", "step", "state", "close"] {
+        let body = json!({"jsonrpc": "2.0", "method": "tools/call", "id": 2,
+                          "params": {"name": reserved, "arguments": {}}});
+        let (_, r) = post(&h, "/mcp", &body.to_string());
+        assert_eq!(r["error"]["code"], -32602, "{reserved}: {r}");
+    }
+    assert_eq!(post(&h, "/mcp", "{oops").1["error"]["code"], -32700);
+    assert_eq!(
+        post(&h, "/mcp", r#"{"jsonrpc":"2.0","method":"x/y","id":3}"#).1["error"]["code"],
+        -32601
+    );
+    // `act` plays in the HTTP session
+    post(&h, "/reset", r#"{"seed":4}"#);
+    let act = json!({"jsonrpc": "2.0", "method": "tools/call", "id": "a",
+                     "params": {"name": "act", "arguments": {"message": "MONITOR"}}});
+    let (_, r) = post(&h, "/mcp", &act.to_string());
+    assert_eq!(r["result"]["isError"], false, "{r}");
+    let state: Value = ureq::get(&url(&h, "/state"))
+        .call()
+        .unwrap()
+        .into_json()
+        .unwrap();
+    assert_eq!(state["step_count"], 1);
+    // and in a WebSocket session
+    let mut ws = connect(&h);
+    send(&mut ws, r#"{"type":"reset","data":{"seed":4}}"#);
+    let r = send(&mut ws, &json!({"type": "mcp", "data": act}).to_string());
+    assert_eq!(r["type"], "mcp");
+    assert_eq!(
+        r["data"]["result"]["structuredContent"]["observation"]["step"],
+        1
+    );
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+    /// Garbage of every kind gets an error reply and leaves the session, the other
+    /// sessions and the server as they were.
+    #[test]
+    fn malformed_frames_never_hurt_the_server(
+        frames in proptest::collection::vec(
+            prop_oneof![
+                any::<String>(),
+                "\\{\"type\":\"(reset|step|state|mcp)\",\"data\":[^}]{0,40}\\}",
+                proptest::collection::vec(any::<u8>(), 0..64).prop_map(|b| String::from_utf8_lossy(&b).into_owned()),
+                Just("{\"type\":\"step\",\"data\":{\"message\":null}}".to_string()),
+                Just("null".to_string()),
+                Just("{\"type\":\"reset\",\"data\":{\"seed\":1e400}}".to_string()),
+            ],
+            1..12,
+        ),
+        binary in proptest::collection::vec(any::<u8>(), 0..64),
+    ) {
+        let h = FUZZ_SERVER.with(|s| s.addr);
+        let (mut ws, _) = tungstenite::connect(format!("ws://{h}/ws")).unwrap();
+        let (mut bystander, _) = tungstenite::connect(format!("ws://{h}/ws")).unwrap();
+        send(&mut bystander, r#"{"type":"reset","data":{"seed":8}}"#);
+        for f in &frames {
+            ws.send(Message::text(f.clone())).unwrap();
+            let r = read(&mut ws);
+            prop_assert!(["error", "observation", "state", "mcp"].contains(&r["type"].as_str().unwrap_or("")), "{}", r);
+        }
+        ws.send(Message::binary(binary)).unwrap();
+        let r = read(&mut ws);
+        prop_assert_eq!(error_code(&r), "INVALID_JSON");
+        // the fuzzed session still plays a whole, correct episode
+        let (rewards, _) = play_ws(&mut ws, 8);
+        prop_assert_eq!(&rewards, &play_local(8).0);
+        // and the bystander's episode went on untouched
+        let r = send(&mut bystander, r#"{"type":"state"}"#);
+        prop_assert_eq!(&r["data"]["step_count"], &json!(0));
+        prop_assert_eq!(&r["data"]["seed"], &json!(8));
+        let health: Value = ureq::get(&format!("http://{h}/health")).call().unwrap().into_json().unwrap();
+        prop_assert_eq!(health, json!({"status": "healthy"}));
+    }
+}
+
+thread_local! {
+    /// One server for every fuzz case of the thread.
+    static FUZZ_SERVER: Handle = server(64, None);
+}
+
+#[test]
+fn the_remote_client_plays_a_concord_server_like_in_process() {
+    let h = server(8, None);
+    let f = RemoteFactory::new(RemoteSpec::new(format!("http://{}", h.addr))).unwrap();
+    for seed in [2, 17] {
+        let mut env = f.try_reset(seed).unwrap();
+        let local = envs::create("ticketmelt", &Options::new()).unwrap();
+        let mut l = local.reset(seed);
+        assert_eq!(env.observation(0), l.observation(0));
+        let mut i = 0;
+        while !env.done() {
+            let out = env.step(&[text(seed, i)]).unwrap();
+            let lout = l.step(&[text(seed, i)]).unwrap();
+            assert_eq!(out.rewards, wire(lout.rewards));
+            assert_eq!(out.valid, lout.valid);
+            assert_eq!(out.feedback, lout.feedback);
+            if !l.done() {
+                assert_eq!(env.turn_message(0), l.turn_message(0));
+            }
+            i += 1;
+        }
+        assert!(l.done());
+        assert_eq!(env.reward(0).scalar, wire(l.reward(0).scalar));
+    }
+}
+
+#[test]
+fn a_lost_server_is_an_error_never_a_zero_reward() {
+    let h = server(8, None);
+    let f = RemoteFactory::new(RemoteSpec::new(format!("ws://{}", h.addr))).unwrap();
+    let mut env = f.try_reset(3).unwrap();
+    env.step(&[text(3, 0)]).unwrap();
+    h.stop().unwrap();
+    let err = env.step(&[text(3, 1)]).unwrap_err();
+    assert!(err.downcast_ref::<ConnectionLost>().is_some(), "{err:#}");
+    assert!(
+        format!("{err:#}").contains("lost the connection"),
+        "{err:#}"
+    );
+    let err = f.try_reset(4).err().unwrap();
+    assert!(err.downcast_ref::<ConnectionLost>().is_some(), "{err:#}");
+}
+
+#[test]
+fn a_full_server_says_how_to_fix_it() {
+    let h = server(1, None);
+    let f = RemoteFactory::new(RemoteSpec::new(format!("ws://{}", h.addr))).unwrap();
+    let _held = f.try_reset(1).unwrap();
+    let err = format!("{:#}", f.try_reset(1).err().unwrap());
+    assert!(
+        err.contains("CAPACITY_REACHED") && err.contains("--max-sessions"),
+        "{err}"
+    );
+}
+
+/// A config that trains the tiny model on the server at `url`, in `dir`.
+fn remote_config(dir: &std::path::Path, url: &str, steps: usize) -> std::path::PathBuf {
+    let text = format!(
+        r#"
+[run]
+name = "remote"
+output_dir = "{out}"
+seed = 3
+steps = {steps}
+save_every = 0
+
+[model]
+name = "{model}"
+init_tiny = true
+dtype = "f32"
+device = "cpu"
+
+[lora]
+r = 4
+alpha = 8
+targets = ["q_proj", "v_proj"]
+
+[grpo]
+num_generations = 2
+prompts_per_step = 2
+max_completion_length = 2048
+temperature = 1.0
+
+[env]
+url = "{url}"
+mode = "episode"
+max_turn_tokens = 16
+"#,
+        out = dir.display(),
+        model = dir.join("tiny").display(),
+    );
+    let p = dir.join("remote.toml");
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
+#[test]
+fn train_on_a_served_environment_then_lose_it_with_a_checkpoint() {
+    use concord::grpo::trainer::{prepare_train, TrainOptions, Trainer};
+    let h = server(8, None);
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = remote_config(dir.path(), &format!("ws://{}", h.addr), 3);
+    let p = prepare_train(&TrainOptions {
+        config: Some(cfg),
+        sets: vec![],
+        resume: None,
+        overwrite: false,
+    })
+    .unwrap();
+    let mut t =
+        Trainer::with_stages(p.cfg, p.model, p.renderer, p.stages, p.base, p.resume).unwrap();
+    t.train_with(Some(2), |_| {}).unwrap();
+    let log = std::fs::read_to_string(t.run_dir.join("training_log.csv")).unwrap();
+    assert_eq!(log.lines().count(), 3, "{log}");
+    assert!(
+        log.lines()
+            .next()
+            .unwrap()
+            .contains("rewards/remote_reward"),
+        "{log}"
+    );
+    h.stop().unwrap();
+    let err = format!("{:#}", t.train_with(None, |_| {}).unwrap_err());
+    assert!(
+        err.contains("checkpoint-2 written") && err.contains("--resume"),
+        "{err}"
+    );
+    assert!(err.contains("lost the connection"), "{err}");
+    assert!(t.run_dir.join("checkpoint-2").is_dir());
+}
+
+#[test]
+fn remote_config_keys_are_checked() {
+    use concord::config::Config;
+    let base = "[run]\nsteps = 1\n[model]\nname = \"tiny\"\n";
+    let ok = format!("{base}[env]\nurl = \"ws://127.0.0.1:1\"\nmode = \"episode\"\n");
+    Config::from_toml_str(&ok, "t.toml", &[]).unwrap();
+    for (bad, says) in [
+        ("[env]\nurl = \"ws://h:1\"\n", "mode = \"episode\""),
+        ("[env]\nurl = \"wss://h:1\"\nmode = \"episode\"\n", "TLS"),
+        (
+            "[env]\nurl = \"ws://h:1\"\nmode = \"episode\"\n[env.options]\npeers = \"dumb\"\n",
+            "concord serve",
+        ),
+        ("[env]\nname = \"ticketmelt\"\nmax_steps = 3\n", "url"),
+        ("[env]\nmode = \"episode\"\n", "url = "),
+        (
+            "[env]\nurl = \"ws://h:1\"\nmode = \"episode\"\nactoin_key = \"m\"\n",
+            "actoin_key",
+        ),
+    ] {
+        let err = format!(
+            "{:#}",
+            Config::from_toml_str(&format!("{base}{bad}"), "t.toml", &[]).unwrap_err()
+        );
+        assert!(err.contains(says), "{bad}: {err}");
+        if !bad.starts_with("[env]\nmode") {
+            assert!(err.contains("line "), "{bad}: {err}");
+        }
+    }
+}
+
+#[test]
+fn sigterm_closes_sessions_and_exits_cleanly() {
+    use std::io::BufRead;
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_concord"))
+        .args(["serve", "ticketmelt", "--port", "0"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let addr = line
+        .split("http://")
+        .nth(1)
+        .and_then(|r| r.split_whitespace().next())
+        .unwrap_or_else(|| panic!("{line}"))
+        .to_string();
+    let (mut ws, _) = tungstenite::connect(format!("ws://{addr}/ws")).unwrap();
+    send(&mut ws, r#"{"type":"reset","data":{"seed":1}}"#);
+    let killed = std::process::Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    // the open session is told the server is going away
+    let close = loop {
+        match ws.read() {
+            Ok(Message::Close(c)) => break c,
+            Ok(_) => continue,
+            Err(e) => panic!("no close frame: {e}"),
+        }
+    };
+    assert_eq!(close.map(|c| u16::from(c.code)), Some(1001));
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let logs = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        logs.contains("session opened") && logs.contains("stopped"),
+        "{logs}"
+    );
+}
