@@ -160,6 +160,8 @@ def main():
     ap.add_argument("--prompts-per-step", type=int)
     ap.add_argument("--num-generations", type=int)
     ap.add_argument("--max-completion-length", type=int)
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="extra Concord override, e.g. optim.gradient_checkpointing=true (repeatable)")
     ap.add_argument("--trl-steps", type=int, default=1, help="TRL steps timed (the mean is reported)")
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--python", default=sys.executable, help="the Python with trl installed")
@@ -195,7 +197,7 @@ def main():
             f"grpo.prompts_per_step={p}",
             f"grpo.num_generations={n}",
             f"grpo.max_completion_length={length}",
-        ]
+        ] + args.set
         cmd = [args.concord, "bench", "grpo-step", "--config", args.config, "--model", args.model,
                "--json", "--export-prompts", prompts]
         for s in sets:

@@ -43,20 +43,3 @@ pub fn available_memory_bytes() -> Option<u64> {
         .ok()?;
     Some(kb * 1024)
 }
-
-/// Give the heap's free pages back to the kernel (glibc `malloc_trim`), so that memory a
-/// finished phase freed (a warm start's SFT, an earlier step) counts as available again:
-/// glibc keeps large freed blocks once its mmap threshold has grown, and
-/// `MemAvailable` does not see them. A no-op without glibc.
-pub fn release_free_memory() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    {
-        extern "C" {
-            fn malloc_trim(pad: usize) -> std::ffi::c_int;
-        }
-        // SAFETY: malloc_trim only walks glibc's own free lists; any argument is valid.
-        unsafe {
-            malloc_trim(0);
-        }
-    }
-}

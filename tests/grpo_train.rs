@@ -781,4 +781,7 @@ fn bench_grpo_step_always_updates() {
     assert!(r.update_s > 0.0 && r.sampling_s > 0.0, "{r:?}");
     assert!(r.seconds_per_step >= r.sampling_s + r.update_s, "{r:?}");
     assert_eq!(r.completion_tokens, (2 * 4 * 4) as f64, "{r:?}");
+    // the update's memory plan is reported (the quickstart fits in one micro-batch)
+    assert_eq!(r.micro_batches, 1, "{r:?}");
+    assert!(r.memory_plan.starts_with("memory: estimate "), "{r:?}");
 }

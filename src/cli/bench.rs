@@ -113,6 +113,7 @@ fn run_step(a: BenchStepArgs) -> anyhow::Result<()> {
             "bench grpo-step: {:.2} s/step (sampling {:.2} s, scoring {:.2} s, update {:.2} s), {:.0} tokens/step, peak RSS {:.0} MiB",
             r.seconds_per_step, r.sampling_s, r.scoring_s, r.update_s, r.tokens, r.peak_rss_mb
         );
+        println!("{}", r.memory_plan);
     }
     Ok(())
 }

@@ -169,6 +169,10 @@ pub struct BenchStepReport {
     pub trained_tokens: f64,
     pub steps: usize,
     pub peak_rss_mb: f64,
+    /// How the last timed update was cut to the memory budget: its micro-batches, and
+    /// the trainer's memory line (estimate per row, budget, split).
+    pub micro_batches: usize,
+    pub memory_plan: String,
 }
 
 /// Time full GRPO steps of a config: sampling, scoring, forward + backward and the
@@ -194,6 +198,7 @@ pub fn bench_step(o: &BenchStepOptions) -> Result<BenchStepReport> {
     let mut exported = Vec::new();
     let result = (|| {
         let mut sums = [0.0f64; 7];
+        let mut last_plan = super::plan::Plan::default();
         let timed = o.steps.max(1);
         for i in 0..=timed {
             let t0 = Instant::now();
@@ -212,6 +217,7 @@ pub fn bench_step(o: &BenchStepOptions) -> Result<BenchStepReport> {
             if i == 0 {
                 continue; // warm-up
             }
+            last_plan = stats.plan.clone();
             exported.extend(batch.prompts.iter().map(
                 |p| serde_json::json!({"step": i, "prompt": p.text, "prompt_tokens": p.ids.len()}),
             ));
@@ -239,6 +245,8 @@ pub fn bench_step(o: &BenchStepOptions) -> Result<BenchStepReport> {
             trained_tokens: sums[6] / n,
             steps: timed,
             peak_rss_mb: crate::sys::peak_rss_mb(),
+            micro_batches: last_plan.micro_batches.len(),
+            memory_plan: last_plan.summary(),
         })
     })();
     let _ = std::fs::remove_dir_all(&scratch);

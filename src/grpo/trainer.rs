@@ -62,10 +62,8 @@ pub struct Trainer {
     /// The most micro-batches an update of this process was cut into so far: the
     /// memory line is printed at the first update and whenever this grows.
     max_micro_batches: Option<usize>,
-    /// The default memory budget, read from MemAvailable once, at the first update:
-    /// afterwards this process's allocator keeps the memory earlier steps freed for
-    /// reuse, which MemAvailable no longer counts, so re-reading it would shrink the
-    /// budget step after step.
+    /// The default memory budget, resolved at the first update (from the process's one
+    /// MemAvailable reading, `model::budget::available_memory`).
     host_budget: Option<MemoryBudget>,
 }
 

@@ -51,11 +51,14 @@ fn bytes_of(dtype: DType) -> f64 {
     dtype.size_in_bytes() as f64
 }
 
-/// Memory the host can still give (MemAvailable, once this process's free heap pages
-/// are handed back), in bytes; None where unknown.
+/// Memory the host could still give (MemAvailable) when this process first asked, in
+/// bytes; None where unknown. Read once: the allocator keeps what a phase frees for the
+/// next one (a warm start's SFT, then GRPO; one step, then the next) and the kernel
+/// does not count that memory as available, so a later reading would shrink the
+/// budget by the process's own reusable memory.
 pub fn available_memory() -> Option<f64> {
-    crate::sys::release_free_memory();
-    crate::sys::available_memory_bytes().map(|b| b as f64)
+    static FIRST: std::sync::OnceLock<Option<f64>> = std::sync::OnceLock::new();
+    *FIRST.get_or_init(|| crate::sys::available_memory_bytes().map(|b| b as f64))
 }
 
 fn gib(b: f64) -> String {

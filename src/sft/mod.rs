@@ -213,9 +213,6 @@ pub fn run_train(opts: TrainOptions) -> Result<()> {
                 &dir,
                 run.resume,
             )?;
-            // The SFT's activations are freed; give them back before GRPO sizes its
-            // micro-batches from the memory available.
-            crate::sys::release_free_memory();
             eprintln!(
                 "warm start: {steps} SFT steps in {:.1}s; GRPO starts from {}",
                 started.elapsed().as_secs_f64(),
