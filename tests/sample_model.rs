@@ -48,6 +48,22 @@ fn naive_greedy(model: &Qwen2, prompt: &[u32], n: usize) -> Vec<u32> {
     seq[prompt.len()..].to_vec()
 }
 
+/// The training forward's log-probs of `completion` after `prompt` at `temperature`.
+fn training_logprobs(
+    model: &Qwen2,
+    prompt: &[u32],
+    completion: &[u32],
+    temperature: f64,
+) -> Vec<f32> {
+    let seq: Vec<u32> = prompt.iter().chain(completion).copied().collect();
+    let ids = Tensor::from_vec(seq.clone(), (1, seq.len()), &Device::Cpu).unwrap();
+    let lp = model
+        .sequence_logprobs(&ids, None, Mode::Detached, temperature, false)
+        .unwrap();
+    let lp = lp.logprobs.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+    lp[prompt.len() - 1..].to_vec()
+}
+
 fn alone(
     model: &Qwen2,
     prompt: &[u32],
@@ -152,14 +168,7 @@ fn recorded_logprobs_match_training_forward(on: ChooseOn) {
     let out = groups(&model, &ps, 3, &params, 5, on);
     for (i, p) in ps.iter().enumerate() {
         for c in &out[i] {
-            let mut seq = p.clone();
-            seq.extend(&c.ids);
-            let ids = Tensor::from_vec(seq.clone(), (1, seq.len()), &Device::Cpu).unwrap();
-            let lp = model
-                .sequence_logprobs(&ids, None, Mode::Detached, 1.0, false)
-                .unwrap();
-            let lp = lp.logprobs.flatten_all().unwrap().to_vec1::<f32>().unwrap();
-            let want = &lp[p.len() - 1..];
+            let want = training_logprobs(&model, p, &c.ids, 1.0);
             assert_eq!(want.len(), c.ids.len());
             for (k, w) in want.iter().enumerate() {
                 assert!(
@@ -180,16 +189,11 @@ fn recorded_logprobs_match_training_forward(on: ChooseOn) {
     };
     let out = groups(&model, &ps[..1], 2, &params, 5, on);
     let c = &out[0][0];
-    let mut seq = ps[0].clone();
-    seq.extend(&c.ids);
-    let ids = Tensor::from_vec(seq.clone(), (1, seq.len()), &Device::Cpu).unwrap();
-    let lp = model
-        .sequence_logprobs(&ids, None, Mode::Detached, 0.7, false)
-        .unwrap();
-    let lp = lp.logprobs.flatten_all().unwrap().to_vec1::<f32>().unwrap();
-    for k in 0..c.ids.len() {
-        assert!((c.full_logprobs[k] - lp[ps[0].len() - 1 + k]).abs() < 1e-4);
-        assert!(c.sample_logprobs[k] >= c.full_logprobs[k] - 1e-5);
+    let lp = training_logprobs(&model, &ps[0], &c.ids, 0.7);
+    assert_eq!(lp.len(), c.ids.len());
+    for ((full, sampled), want) in c.full_logprobs.iter().zip(&c.sample_logprobs).zip(&lp) {
+        assert!((full - want).abs() < 1e-4);
+        assert!(*sampled >= full - 1e-5);
     }
 }
 
@@ -309,14 +313,7 @@ fn shared_prefix_prefill_equals_unshared(on: ChooseOn) {
             for (x, y) in c.full_logprobs.iter().zip(&a.full_logprobs) {
                 assert!((x - y).abs() < 1e-4, "{x} vs {y}");
             }
-            let mut seq = p.clone();
-            seq.extend(&c.ids);
-            let ids = Tensor::from_vec(seq.clone(), (1, seq.len()), &Device::Cpu).unwrap();
-            let lp = model
-                .sequence_logprobs(&ids, None, Mode::Detached, 1.0, false)
-                .unwrap();
-            let lp = lp.logprobs.flatten_all().unwrap().to_vec1::<f32>().unwrap();
-            for (k, w) in lp[p.len() - 1..].iter().enumerate() {
+            for (k, w) in training_logprobs(&model, p, &c.ids, 1.0).iter().enumerate() {
                 assert!(
                     (c.full_logprobs[k] - w).abs() < 1e-4,
                     "{} vs {w}",
