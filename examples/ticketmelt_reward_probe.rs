@@ -46,6 +46,7 @@ fn main() -> anyhow::Result<()> {
         "random",
         "nervous",
         "eager",
+        "always_a",
         "always_b",
         "always_monitor",
     ] {

@@ -299,8 +299,31 @@ pub fn run_eval(args: EvalOptions) -> Result<()> {
         report
             .check_comparable(&earlier)
             .with_context(|| format!("--against {}", path.display()))?;
-        labels.retain(|(label, _)| !earlier.models.contains_key(*label));
-        report.models = earlier.models;
+        // An earlier model is reused only when it is the same model: the same label and
+        // the same adapter directory. Another run's `adapter` is a different model: it is
+        // played, and the earlier one is kept beside it as `adapter (ITS DIR)`.
+        let same_dir = |a: Option<&str>, b: Option<&Path>| match (a, b) {
+            (None, None) => true,
+            (Some(a), Some(b)) => {
+                let canon = |p: &Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
+                canon(Path::new(a)) == canon(b)
+            }
+            _ => false,
+        };
+        labels.retain(|(label, dir)| {
+            !earlier
+                .models
+                .get(*label)
+                .is_some_and(|m| same_dir(m.adapter.as_deref(), *dir))
+        });
+        for (label, m) in earlier.models {
+            let key = if labels.iter().any(|(l, _)| *l == label) {
+                format!("{label} ({})", m.adapter.as_deref().unwrap_or("no adapter"))
+            } else {
+                label
+            };
+            report.models.insert(key, m);
+        }
     }
     for (label, dir) in labels {
         match dir {

@@ -229,6 +229,7 @@ pub fn load_model(cfg: &Config) -> Result<(Qwen2, Box<dyn Renderer>, String)> {
     let name = cfg.model.name.clone();
     let m = load_model(&ModelSpec {
         dtype: Some(cfg.model.dtype.to_candle()),
+        base_dtype: cfg.model.base_dtype.map(|d| d.to_candle()),
         lora: Some(cfg.lora_config()),
         adapter: cfg.model.adapter.clone(),
         init_tiny: cfg.model.init_tiny,

@@ -122,6 +122,23 @@ fn eval_compare_reports_held_out_episodes() {
     let both: EvalReport = serde_json::from_str(&concord_ok(&against)).unwrap();
     assert_eq!(both.models["base"], earlier.models["base"]);
     assert_eq!(both.models["adapter"], alone.models["adapter"]);
+    // An earlier `adapter` of another directory is another model: this one is played
+    // anyway, and the earlier one is kept beside it under its directory.
+    let mut elsewhere = earlier.clone();
+    let mut moved = alone.models["adapter"].clone();
+    moved.adapter = Some("some/other/run".into());
+    moved.envs.values_mut().for_each(|e| e.win_rate = 0.654_321);
+    elsewhere.models.insert("adapter".into(), moved.clone());
+    let elsewhere_path = dir.path().join("elsewhere.json");
+    elsewhere.write(&elsewhere_path).unwrap();
+    let mut again = base.clone();
+    again.extend(["--against", elsewhere_path.to_str().unwrap()]);
+    let three: EvalReport = serde_json::from_str(&concord_ok(&again)).unwrap();
+    assert_eq!(three.models["adapter"], alone.models["adapter"]);
+    assert_eq!(three.models["adapter (some/other/run)"], moved);
+    assert_eq!(three.models["base"], earlier.models["base"]);
+    assert_eq!(three.models.len(), 3);
+
     let mut other = against.clone();
     let at = other.iter().position(|a| *a == "5").unwrap();
     other[at] = "4";

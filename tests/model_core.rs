@@ -509,6 +509,92 @@ fn half_precision_base_with_f32_lora_trains() {
     }
 }
 
+/// f32 weights with scaled embeddings: peaky next-token distributions, so rounding the
+/// base moves the log-probs visibly (near-uniform ones barely move).
+fn peaky_weights() -> Weights {
+    let mut w = weights(DType::F32);
+    let e = (w["model.embed_tokens.weight"].clone() * 8.0).unwrap();
+    w.insert("model.embed_tokens.weight".into(), e);
+    w
+}
+
+/// The peaky f32 weights with every base matrix (embedding, LM head, projections) rounded
+/// through `dtype` and widened back: exactly what a `dtype` base computes with.
+fn rounded_weights(dtype: DType) -> Weights {
+    let mut w = peaky_weights();
+    for (name, t) in w.iter_mut() {
+        if name.ends_with("_proj.weight") || name.ends_with("embed_tokens.weight") {
+            *t = t.to_dtype(dtype).unwrap().to_dtype(DType::F32).unwrap();
+        }
+    }
+    w
+}
+
+#[test]
+fn reduced_precision_base_equals_f32_on_the_rounded_weights() {
+    let plain = Qwen2::new(&cfg(), &peaky_weights(), Some(&lora_cfg(0.0))).unwrap();
+    randomize_b(&plain, 21, 0.05);
+    let plain_loss = loss_of(&plain, Mode::Grad).to_scalar::<f32>().unwrap();
+    for dtype in [DType::BF16, DType::F16] {
+        // Independent truth: an all-f32 model whose matrices were rounded beforehand.
+        let truth = Qwen2::new(&cfg(), &rounded_weights(dtype), Some(&lora_cfg(0.0))).unwrap();
+        let mut model = Qwen2::new(&cfg(), &peaky_weights(), Some(&lora_cfg(0.0))).unwrap();
+        model.set_base_dtype(dtype).unwrap();
+        assert_eq!(model.base_dtype(), dtype);
+        assert_eq!(model.dtype(), DType::F32);
+        for m in [&truth, &model] {
+            randomize_b(m, 21, 0.05);
+        }
+        let (lt, lm) = (loss_of(&truth, Mode::Grad), loss_of(&model, Mode::Grad));
+        let (vt, vm) = (
+            lt.to_scalar::<f32>().unwrap(),
+            lm.to_scalar::<f32>().unwrap(),
+        );
+        assert!(
+            (vt - vm).abs() < 1e-5 * (1.0 + vt.abs()),
+            "{dtype:?}: {vm} vs {vt}"
+        );
+        // The rounding is real: the loss moved away from the unrounded model's (by about
+        // 2e-3 for f16 here, more for bf16), far more than the two paths above differ.
+        assert!(
+            (vm - plain_loss).abs() > 1e-3 && (vm - plain_loss).abs() > 20.0 * (vt - vm).abs(),
+            "{dtype:?}: no rounding visible ({vm} vs {plain_loss})"
+        );
+        let (gt, gm) = (lt.backward().unwrap(), lm.backward().unwrap());
+        for ((name, a), (_, b)) in truth.lora_vars().iter().zip(model.lora_vars().iter()) {
+            let a = gt.get(a.as_tensor()).unwrap();
+            let b = gm.get(b.as_tensor()).unwrap();
+            let scale = a
+                .abs()
+                .unwrap()
+                .max_all()
+                .unwrap()
+                .to_scalar::<f32>()
+                .unwrap();
+            let d = max_abs_diff(a, b);
+            assert!(
+                d <= 1e-4 * scale.max(1e-6),
+                "{dtype:?} {name}: {d} (scale {scale})"
+            );
+        }
+        // Detached decoding through the KV cache (the skinny kernel's half path) gives
+        // the same last-position logits as the training forward.
+        let mut rng = ChaCha8Rng::seed_from_u64(22);
+        let ids = ids_tensor(&[random_ids(&mut rng, 7)]);
+        let full = model.forward(&ids, None, Mode::Detached).unwrap();
+        let want = model.last_logits(&full).unwrap();
+        let mut cache = model.new_cache(1, 16).unwrap();
+        let mut last = None;
+        for t in 0..7 {
+            let step = ids.i((.., t..t + 1)).unwrap();
+            let h = model.forward_cached(&step, None, &mut cache).unwrap();
+            last = Some(model.last_logits(&h).unwrap());
+        }
+        let d = max_abs_diff(&last.unwrap(), &want);
+        assert!(d < 1e-4, "{dtype:?}: cached decode logits differ by {d}");
+    }
+}
+
 #[test]
 fn dropout_is_seeded() {
     let model = Qwen2::new(&cfg(), &weights(DType::F32), Some(&lora_cfg(0.3))).unwrap();

@@ -197,6 +197,44 @@ fn recorded_logprobs_match_training_forward(on: ChooseOn) {
     }
 }
 
+/// A bf16 / f16 base ([`Qwen2::set_base_dtype`]): the sampler's recorded log-probs
+/// still equal the training forward's, and greedy still equals full recomputation.
+fn reduced_precision_base_logprobs_match_training_forward(on: ChooseOn) {
+    for dtype in [DType::BF16, DType::F16] {
+        let mut model = tiny_model(3);
+        model.set_base_dtype(dtype).unwrap();
+        let params = SamplingParams {
+            temperature: 1.0,
+            max_new_tokens: 8,
+            ..Default::default()
+        };
+        let ps = prompts();
+        let out = groups(&model, &ps, 3, &params, 5, on);
+        for (i, p) in ps.iter().enumerate() {
+            for c in &out[i] {
+                let want = training_logprobs(&model, p, &c.ids, 1.0);
+                assert_eq!(want.len(), c.ids.len());
+                for (got, w) in c.full_logprobs.iter().zip(&want) {
+                    assert!((got - w).abs() < 1e-4, "{dtype:?}: {got} vs {w}");
+                }
+            }
+        }
+        let greedy = SamplingParams {
+            temperature: 0.0,
+            max_new_tokens: 10,
+            ..Default::default()
+        };
+        let out = groups(&model, &ps, 1, &greedy, 1, on);
+        for (i, p) in ps.iter().enumerate() {
+            assert_eq!(
+                out[i][0].ids,
+                naive_greedy(&model, p, 10),
+                "{dtype:?} prompt {i}"
+            );
+        }
+    }
+}
+
 fn eos_min_new_tokens_and_stop_strings(on: ChooseOn) {
     let model = tiny_model(4);
     let dec = decoder();
@@ -353,6 +391,7 @@ on_both_choosers!(
     greedy_batched_equals_single_sequence_path,
     every_row_matches_sampling_it_alone,
     recorded_logprobs_match_training_forward,
+    reduced_precision_base_logprobs_match_training_forward,
     eos_min_new_tokens_and_stop_strings,
     shared_prefix_prefill_equals_unshared,
 );

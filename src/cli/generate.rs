@@ -62,6 +62,10 @@ pub struct ModelSelectArgs {
     /// cpu or cuda[:N].
     #[arg(long, default_value = "cpu")]
     pub device: String,
+    /// Store the frozen base weights in f32, bf16 or f16 (activations, LoRA and
+    /// accumulation stay in --dtype) [default: --dtype].
+    #[arg(long)]
+    pub base_dtype: Option<String>,
 }
 
 impl ModelSelectArgs {
@@ -73,8 +77,13 @@ impl ModelSelectArgs {
             Some(d) => Some(parse_dtype(d, &device)?),
             None => None,
         };
+        let base_dtype = match &self.base_dtype {
+            Some(d) => Some(parse_dtype(d, &device)?),
+            None => None,
+        };
         Ok(ModelSpec {
             dtype,
+            base_dtype,
             adapter: self.adapter.clone(),
             ..ModelSpec::new(&self.model, device)
         })

@@ -27,12 +27,20 @@ pub struct ScoreArgs {
     /// cpu, cuda, cuda:N, or auto (CUDA when built with it and available).
     #[arg(long, default_value = "auto")]
     pub device: String,
+    /// Store the frozen base in f32, bf16 or f16 (`[model] base_dtype`) [default: --dtype].
+    #[arg(long)]
+    pub base_dtype: Option<String>,
 }
 
 pub fn run(args: ScoreArgs) -> Result<()> {
     let device = crate::config::parse_device(&args.device)?;
     let dtype = parse_dtype(&args.dtype, &device)?;
+    let base_dtype = match &args.base_dtype {
+        Some(d) => Some(parse_dtype(d, &device)?),
+        None => None,
+    };
     let s = score(&ScoreOptions {
+        base_dtype,
         model: args.model,
         adapter: args.adapter,
         dtype,

@@ -108,6 +108,12 @@ pub struct ModelConfig {
     /// the built-in tiny random model.
     pub name: String,
     pub dtype: DTypeName,
+    /// Storage dtype of the frozen base matrices (projections, embedding, LM head):
+    /// `bf16`/`f16` halve the bytes a decode step streams; activations, LoRA and
+    /// accumulation stay in `dtype`, and sampling and training see the same rounded
+    /// weights. Absent: `dtype`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub base_dtype: Option<DTypeName>,
     /// `cpu` or `cuda:N`.
     pub device: String,
     /// Create the built-in tiny random model at `name` when that directory is absent.
@@ -123,6 +129,7 @@ impl Default for ModelConfig {
         Self {
             name: String::new(),
             dtype: DTypeName::F32,
+            base_dtype: None,
             device: "cpu".into(),
             init_tiny: false,
             adapter: None,
@@ -1062,6 +1069,21 @@ mod tests {
         assert_eq!(c.optim.learning_rate, 1e-6);
         assert_eq!(c.optim.max_grad_norm, 1.0);
         assert_eq!(c.optim.betas, [0.9, 0.999]);
+    }
+
+    #[test]
+    fn base_dtype_parses_and_bad_values_name_the_key() {
+        let c = Config::from_toml_str(MIN, "t.toml", &[]).unwrap();
+        assert_eq!(c.model.base_dtype, None);
+        let t = MIN.replace("[env]", "base_dtype = \"bf16\"\n[env]");
+        let c = Config::from_toml_str(&t, "t.toml", &[]).unwrap();
+        assert_eq!(c.model.base_dtype, Some(DTypeName::Bf16));
+        let t = MIN.replace("[env]", "base_dtype = \"q4\"\n[env]");
+        let e = format!(
+            "{:#}",
+            Config::from_toml_str(&t, "t.toml", &[]).unwrap_err()
+        );
+        assert!(e.contains("t.toml: line 3") && e.contains("q4"), "{e}");
     }
 
     #[test]

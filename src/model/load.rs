@@ -81,6 +81,9 @@ pub struct ModelSpec {
     pub name: String,
     /// Compute dtype; None: f32 for `random:` models, else [`default_dtype`] of `device`.
     pub dtype: Option<DType>,
+    /// Storage dtype of the frozen base matrices ([`Qwen2::set_base_dtype`]); None: the
+    /// compute dtype.
+    pub base_dtype: Option<DType>,
     pub device: Device,
     /// Fresh LoRA adapters (A seeded, B = 0).
     pub lora: Option<LoraConfig>,
@@ -98,6 +101,7 @@ impl ModelSpec {
         Self {
             name: name.into(),
             dtype: None,
+            base_dtype: None,
             device,
             lora: None,
             adapter: None,
@@ -238,6 +242,14 @@ pub fn load_model(spec: &ModelSpec) -> Result<LoadedModel> {
             }
         }
     };
+    if let Some(bd) = spec.base_dtype {
+        if bd != m.dtype {
+            check_dtype_supported(bd, &spec.device)?;
+            m.model
+                .set_base_dtype(bd)
+                .with_context(|| format!("storing the base of {name} in {bd:?}"))?;
+        }
+    }
     if let Some(dir) = &spec.adapter {
         m.model
             .load_adapter(dir)

@@ -317,7 +317,10 @@ impl LoraLinear {
                 return Ok([None, Some(ga), Some(gb)]);
             }
             let gx_lora = keep(gh.matmul(a)?, &mask)?;
-            let gx = (g2.matmul(&w)?.to_dtype(DType::F32)? + gx_lora)?
+            let gx = (g2
+                .matmul(&ops::widen(&w, g2.dtype())?)?
+                .to_dtype(DType::F32)?
+                + gx_lora)?
                 .to_dtype(x.dtype())?
                 .reshape(x.shape())?;
             Ok([Some(gx), Some(ga), Some(gb)])

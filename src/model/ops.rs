@@ -107,11 +107,18 @@ impl CustomOp1 for FrozenLinear {
     }
 
     fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
-        let (ws, wl) = self.w.storage_and_layout();
-        let ws = cpu_of(&ws, "frozen_linear weight")?;
-        if let Some(out) = skinny_linear(s, l, ws, wl, self.b.as_ref())? {
-            return Ok(out);
+        {
+            let (ws, wl) = self.w.storage_and_layout();
+            let ws = cpu_of(&ws, "frozen_linear weight")?;
+            if let Some(out) = skinny_linear(s, l, ws, wl, self.b.as_ref())? {
+                return Ok(out);
+            }
         }
+        // A base stored narrower than the activations ([`widen`]) is widened for this
+        // call only.
+        let w = widen(&self.w, s.dtype())?;
+        let (ws, wl) = w.storage_and_layout();
+        let ws = cpu_of(&ws, "frozen_linear weight")?;
         match &self.b {
             None => linear_impl(s, l, ws, wl, None),
             Some(b) => {
@@ -124,7 +131,8 @@ impl CustomOp1 for FrozenLinear {
 
     #[cfg(feature = "cuda")]
     fn cuda_fwd(&self, s: &CudaStorage, l: &Layout) -> Result<(CudaStorage, Shape)> {
-        let (ws, wl) = self.w.storage_and_layout();
+        let w = widen(&self.w, s.dtype())?;
+        let (ws, wl) = w.storage_and_layout();
         let ws = cuda_of(&ws, "frozen_linear weight")?;
         match &self.b {
             None => linear_impl(s, l, ws, wl, None),
@@ -139,12 +147,25 @@ impl CustomOp1 for FrozenLinear {
     fn bwd(&self, arg: &Tensor, _res: &Tensor, g: &Tensor) -> Result<Option<Tensor>> {
         let n = self.w.dim(0)?;
         let g2 = g.reshape(((), n))?;
-        let gx = g2.matmul(&self.w)?;
+        let gx = g2.matmul(&widen(&self.w, g2.dtype())?)?;
         Ok(Some(gx.reshape(arg.shape())?))
     }
 }
 
-/// The decode-step fast path: f32, contiguous, at most [`skinny::MAX_ROWS`] rows.
+/// The frozen weight `w` in the activations' dtype: itself when it is stored so, else a
+/// converted copy. A base stored in bf16 or f16 under f32 activations
+/// (`[model] base_dtype`) is widened exactly, so every path (the decode kernel, GEMM,
+/// the backward) computes with the same values.
+pub fn widen(w: &Tensor, dtype: DType) -> Result<Tensor> {
+    if w.dtype() == dtype {
+        Ok(w.clone())
+    } else {
+        w.to_dtype(dtype)
+    }
+}
+
+/// The decode-step fast path: f32 activations, f32, bf16 or f16 weights (widened in the
+/// kernel), contiguous, at most [`skinny::MAX_ROWS`] rows.
 fn skinny_linear(
     s: &CpuStorage,
     l: &Layout,
@@ -152,9 +173,15 @@ fn skinny_linear(
     wl: &Layout,
     b: Option<&Tensor>,
 ) -> Result<Option<(CpuStorage, Shape)>> {
-    let (CpuStorage::F32(x), CpuStorage::F32(w)) = (s, ws) else {
+    let CpuStorage::F32(x) = s else {
         return Ok(None);
     };
+    if !matches!(
+        ws,
+        CpuStorage::F32(_) | CpuStorage::BF16(_) | CpuStorage::F16(_)
+    ) {
+        return Ok(None);
+    }
     let dims = l.dims();
     let k = *dims.last().unwrap_or(&0);
     let m: usize = dims[..dims.len().saturating_sub(1)].iter().product();
@@ -163,8 +190,13 @@ fn skinny_linear(
         return Ok(None);
     }
     let x = &x[l.start_offset()..l.start_offset() + m * k];
-    let w = &w[wl.start_offset()..wl.start_offset() + n * k];
-    let mut y = super::skinny::matmul_wt(x, w, m, k, n);
+    let span = wl.start_offset()..wl.start_offset() + n * k;
+    let mut y = match ws {
+        CpuStorage::F32(w) => super::skinny::matmul_wt(x, &w[span], m, k, n),
+        CpuStorage::BF16(w) => super::skinny::matmul_wt(x, &w[span], m, k, n),
+        CpuStorage::F16(w) => super::skinny::matmul_wt(x, &w[span], m, k, n),
+        _ => return Ok(None),
+    };
     if let Some(b) = b {
         let bias = b.to_dtype(DType::F32)?.to_vec1::<f32>()?;
         for row in y.chunks_exact_mut(n) {
@@ -820,6 +852,8 @@ pub fn chunked_token_logprobs_cached(
     let chunk = chunk.max(1);
     let inv_t = 1.0 / temperature;
     let hd = h.detach().contiguous()?;
+    // A narrower stored LM head is widened once per call, not once per chunk.
+    let w = &widen(w, hd.dtype())?;
     let targets = targets.to_dtype(DType::U32)?.contiguous()?;
     let mut lps = Vec::new();
     let mut ents = Vec::new();

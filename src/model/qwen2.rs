@@ -557,6 +557,35 @@ impl Qwen2 {
         self.dtype
     }
 
+    /// Store the frozen base matrices (the seven projections of every layer, the
+    /// embedding and the LM head) in `dtype` while activations, norms, biases and LoRA
+    /// stay in [`Self::dtype`]. A narrower base halves the bytes every decode step
+    /// streams; each use widens it exactly (see [`ops::widen`]), so sampling and
+    /// training compute with the same rounded weights. The rounding happens once, here.
+    pub fn set_base_dtype(&mut self, dtype: DType) -> Result<()> {
+        if !matches!(dtype, DType::F32 | DType::BF16 | DType::F16) {
+            bail!("base dtype {dtype:?} is not f32, bf16 or f16");
+        }
+        let tied = self.lm_head.id() == self.embed.id();
+        self.embed = self.embed.to_dtype(dtype)?;
+        self.lm_head = if tied {
+            self.embed.clone()
+        } else {
+            self.lm_head.to_dtype(dtype)?
+        };
+        for layer in &mut self.layers {
+            for lin in layer.lin.iter_mut() {
+                lin.w = lin.w.to_dtype(dtype)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The dtype the frozen base matrices are stored in ([`Self::set_base_dtype`]).
+    pub fn base_dtype(&self) -> DType {
+        self.lm_head.dtype()
+    }
+
     // ----------------------------------------------------------------------------- LoRA
 
     /// (Re)create fresh LoRA adapters (A from `cfg.init_seed`, B = 0) on the targeted
@@ -726,6 +755,7 @@ impl Qwen2 {
         Ok(self
             .embed
             .index_select(&flat, 0)?
+            .to_dtype(self.dtype)?
             .reshape((b, t, self.cfg.hidden_size))?)
     }
 

@@ -16,6 +16,8 @@ pub struct ScoreOptions {
     /// PEFT adapter directory.
     pub adapter: Option<PathBuf>,
     pub dtype: DType,
+    /// Storage dtype of the frozen base ([`ModelSpec::base_dtype`]).
+    pub base_dtype: Option<DType>,
     pub device: Device,
     /// JSON file: the prompt's message list.
     pub messages: PathBuf,
@@ -37,6 +39,7 @@ pub fn score(opts: &ScoreOptions) -> Result<Scored> {
     let messages = crate::chat::read_messages(&opts.messages)?;
     let m = load_model(&ModelSpec {
         dtype: Some(opts.dtype),
+        base_dtype: opts.base_dtype,
         adapter: opts.adapter.clone(),
         ..ModelSpec::new(&opts.model, opts.device.clone())
     })?;

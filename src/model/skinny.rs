@@ -7,7 +7,92 @@
 //! each output row of `W` (contiguous: `W` is `[out, in]`) is streamed once and dotted
 //! with all the input rows while it sits in L1, four outputs and four input rows at a
 //! time so that each load feeds several fused multiply-adds.
+use half::{bf16, f16};
 use rayon::prelude::*;
+
+/// An element type a weight matrix may be stored in. Products and sums are always f32:
+/// a reduced-precision weight is widened exactly (bf16 and f16 are subsets of f32) as it
+/// is loaded, so the kernel computes with exactly the values the training forward sees
+/// after its own `to_dtype(F32)`.
+pub trait Weight: Copy + Send + Sync + 'static {
+    fn to_f32(self) -> f32;
+    /// Sixteen lanes at `p`, widened to f32.
+    ///
+    /// # Safety
+    /// `p..p+16` must be readable and the CPU must support AVX-512F.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn load16(p: *const Self) -> std::arch::x86_64::__m512;
+    /// Eight lanes at `p`, widened to f32.
+    ///
+    /// # Safety
+    /// `p..p+8` must be readable and the CPU must support AVX2 and F16C.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn load8(p: *const Self) -> std::arch::x86_64::__m256;
+}
+
+// The loads are `inline(always)` so they are compiled inside the kernels' own
+// `target_feature` functions (a call to them would not be).
+impl Weight for f32 {
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        self
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load16(p: *const Self) -> std::arch::x86_64::__m512 {
+        unsafe { std::arch::x86_64::_mm512_loadu_ps(p) }
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load8(p: *const Self) -> std::arch::x86_64::__m256 {
+        unsafe { std::arch::x86_64::_mm256_loadu_ps(p) }
+    }
+}
+
+impl Weight for bf16 {
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        f32::from_bits((self.to_bits() as u32) << 16)
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load16(p: *const Self) -> std::arch::x86_64::__m512 {
+        use std::arch::x86_64::*;
+        // bf16 is the high half of an f32: zero-extend each lane and shift it up.
+        unsafe {
+            let h = _mm256_loadu_si256(p as *const __m256i);
+            _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h)))
+        }
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load8(p: *const Self) -> std::arch::x86_64::__m256 {
+        use std::arch::x86_64::*;
+        unsafe {
+            let h = _mm_loadu_si128(p as *const __m128i);
+            _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(h)))
+        }
+    }
+}
+
+impl Weight for f16 {
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        f32::from(self)
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load16(p: *const Self) -> std::arch::x86_64::__m512 {
+        use std::arch::x86_64::*;
+        unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i)) }
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load8(p: *const Self) -> std::arch::x86_64::__m256 {
+        use std::arch::x86_64::*;
+        unsafe { _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i)) }
+    }
+}
 
 /// Rows up to which [`matmul_wt`] is used instead of the general GEMM. Measured on the
 /// 0.5B shapes, one thread, summed over the q/o, MLP and LM-head matrices: 76 vs 111 ms
@@ -59,6 +144,7 @@ impl Kernels {
             Kernels::Avx2 => {
                 std::arch::is_x86_feature_detected!("avx2")
                     && std::arch::is_x86_feature_detected!("fma")
+                    && std::arch::is_x86_feature_detected!("f16c")
             }
             #[cfg(target_arch = "x86_64")]
             Kernels::Avx512 => std::arch::is_x86_feature_detected!("avx512f"),
@@ -114,13 +200,20 @@ impl Kernels {
 
 /// `y[m, n] = x[m, k] · w[n, k]^T`, all row-major and contiguous, on the
 /// [`Kernels::active`] path.
-pub fn matmul_wt(x: &[f32], w: &[f32], m: usize, k: usize, n: usize) -> Vec<f32> {
+pub fn matmul_wt<W: Weight>(x: &[f32], w: &[W], m: usize, k: usize, n: usize) -> Vec<f32> {
     matmul_wt_on(Kernels::active(), x, w, m, k, n)
 }
 
 /// [`matmul_wt`] on the given path (which must be [`Kernels::supported`]; an unsupported
 /// one runs the portable path).
-pub fn matmul_wt_on(path: Kernels, x: &[f32], w: &[f32], m: usize, k: usize, n: usize) -> Vec<f32> {
+pub fn matmul_wt_on<W: Weight>(
+    path: Kernels,
+    x: &[f32],
+    w: &[W],
+    m: usize,
+    k: usize,
+    n: usize,
+) -> Vec<f32> {
     debug_assert_eq!(x.len(), m * k);
     debug_assert_eq!(w.len(), n * k);
     // Work in the transposed layout yt[n, m] so each parallel chunk owns whole output
@@ -148,7 +241,15 @@ pub fn matmul_wt_on(path: Kernels, x: &[f32], w: &[f32], m: usize, k: usize, n: 
     y
 }
 
-fn kernel(path: Kernels, x: &[f32], w: &[f32], m: usize, k: usize, n: usize, out: &mut [f32]) {
+fn kernel<W: Weight>(
+    path: Kernels,
+    x: &[f32],
+    w: &[W],
+    m: usize,
+    k: usize,
+    n: usize,
+    out: &mut [f32],
+) {
     #[cfg(target_arch = "x86_64")]
     {
         if path == Kernels::Avx512 && path.supported() {
@@ -167,42 +268,56 @@ fn kernel(path: Kernels, x: &[f32], w: &[f32], m: usize, k: usize, n: usize, out
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx2,fma")]
-unsafe fn kernel_avx512(x: &[f32], w: &[f32], m: usize, k: usize, n: usize, out: &mut [f32]) {
-    kernel_rows::<R, O>(x, w, m, k, n, out, |xs, ws, k| {
+unsafe fn kernel_avx512<W: Weight>(
+    x: &[f32],
+    w: &[W],
+    m: usize,
+    k: usize,
+    n: usize,
+    out: &mut [f32],
+) {
+    kernel_rows::<W, R, O>(x, w, m, k, n, out, |xs, ws, k| {
         // SAFETY: this function only runs where AVX-512F is available.
         unsafe { dots_avx512(xs, ws, k) }
     })
 }
 
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn kernel_avx2(x: &[f32], w: &[f32], m: usize, k: usize, n: usize, out: &mut [f32]) {
-    kernel_rows::<R_AVX2, O_AVX2>(x, w, m, k, n, out, |xs, ws, k| {
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn kernel_avx2<W: Weight>(
+    x: &[f32],
+    w: &[W],
+    m: usize,
+    k: usize,
+    n: usize,
+    out: &mut [f32],
+) {
+    kernel_rows::<W, R_AVX2, O_AVX2>(x, w, m, k, n, out, |xs, ws, k| {
         // SAFETY: this function only runs where AVX2 and FMA are available.
         unsafe { dots_avx2(xs, ws, k) }
     })
 }
 
 /// Plain Rust, vectorised by the compiler for the target's baseline (SSE2, NEON).
-fn kernel_portable(x: &[f32], w: &[f32], m: usize, k: usize, n: usize, out: &mut [f32]) {
-    kernel_rows::<R_PORTABLE, O_PORTABLE>(x, w, m, k, n, out, dots_portable)
+fn kernel_portable<W: Weight>(x: &[f32], w: &[W], m: usize, k: usize, n: usize, out: &mut [f32]) {
+    kernel_rows::<W, R_PORTABLE, O_PORTABLE>(x, w, m, k, n, out, dots_portable)
 }
 
 /// The loop over register blocks, with `dots` computing one block.
 #[inline(always)]
-fn kernel_rows<const R: usize, const O: usize>(
+fn kernel_rows<W: Weight, const R: usize, const O: usize>(
     x: &[f32],
-    w: &[f32],
+    w: &[W],
     m: usize,
     k: usize,
     n: usize,
     out: &mut [f32],
-    dots: impl Fn(&[&[f32]; R], &[&[f32]; O], usize) -> [[f32; R]; O],
+    dots: impl Fn(&[&[f32]; R], &[&[W]; O], usize) -> [[f32; R]; O],
 ) {
     let mut o = 0;
     while o < n {
         let outs = (n - o).min(O);
-        let mut ws: [&[f32]; O] = [&w[o * k..(o + 1) * k]; O];
+        let mut ws: [&[W]; O] = [&w[o * k..(o + 1) * k]; O];
         for (j, slot) in ws.iter_mut().enumerate().take(outs) {
             *slot = &w[(o + j) * k..(o + j + 1) * k];
         }
@@ -227,15 +342,16 @@ fn kernel_rows<const R: usize, const O: usize>(
 /// Rust: 4 accumulators of [`L_PORTABLE`] lanes, `mul_add` only where the target has
 /// FMA (elsewhere it is a libm call).
 #[inline(always)]
-fn dots_portable(
+fn dots_portable<W: Weight>(
     xs: &[&[f32]; R_PORTABLE],
-    ws: &[&[f32]; O_PORTABLE],
+    ws: &[&[W]; O_PORTABLE],
     k: usize,
 ) -> [[f32; R_PORTABLE]; O_PORTABLE] {
     const L: usize = L_PORTABLE;
-    for row in xs.iter().chain(ws.iter()) {
-        assert!(row.len() >= k, "dots: row shorter than k");
-    }
+    assert!(
+        xs.iter().all(|r| r.len() >= k) && ws.iter().all(|r| r.len() >= k),
+        "dots: row shorter than k"
+    );
     let [x0, x1] = [xs[0].as_ptr(), xs[1].as_ptr()];
     let [w0, w1] = [ws[0].as_ptr(), ws[1].as_ptr()];
     // Named accumulators: an array of them makes LLVM store every accumulator back to
@@ -248,8 +364,8 @@ fn dots_portable(
         // a bounds check here also forces the accumulators to the stack.
         let (v0, v1, u0, u1) = unsafe {
             (
-                std::ptr::read_unaligned(w0.add(c) as *const [f32; L]),
-                std::ptr::read_unaligned(w1.add(c) as *const [f32; L]),
+                std::ptr::read_unaligned(w0.add(c) as *const [W; L]).map(W::to_f32),
+                std::ptr::read_unaligned(w1.add(c) as *const [W; L]).map(W::to_f32),
                 std::ptr::read_unaligned(x0.add(c) as *const [f32; L]),
                 std::ptr::read_unaligned(x1.add(c) as *const [f32; L]),
             )
@@ -268,7 +384,7 @@ fn dots_portable(
         for r in 0..R_PORTABLE {
             let mut v: f32 = acc[j][r].iter().sum();
             for i in full..k {
-                v += xs[r][i] * ws[j][i];
+                v += xs[r][i] * ws[j][i].to_f32();
             }
             d[j][r] = v;
         }
@@ -281,16 +397,17 @@ fn dots_portable(
 /// which is the whole 16-register file (the AVX-512 blocking, 32 ymm accumulators
 /// here, spilled).
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn dots_avx2(
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dots_avx2<W: Weight>(
     xs: &[&[f32]; R_AVX2],
-    ws: &[&[f32]; O_AVX2],
+    ws: &[&[W]; O_AVX2],
     k: usize,
 ) -> [[f32; R_AVX2]; O_AVX2] {
     use std::arch::x86_64::*;
-    for row in xs.iter().chain(ws.iter()) {
-        assert!(row.len() >= k, "dots: row shorter than k");
-    }
+    assert!(
+        xs.iter().all(|r| r.len() >= k) && ws.iter().all(|r| r.len() >= k),
+        "dots: row shorter than k"
+    );
     let [x0, x1, x2, x3] = [
         xs[0].as_ptr(),
         xs[1].as_ptr(),
@@ -307,9 +424,9 @@ unsafe fn dots_avx2(
     while c < full {
         // SAFETY: c + 8 <= full <= k <= every row's length (asserted above).
         unsafe {
-            let v0 = _mm256_loadu_ps(w0.add(c));
-            let v1 = _mm256_loadu_ps(w1.add(c));
-            let v2 = _mm256_loadu_ps(w2.add(c));
+            let v0 = W::load8(w0.add(c));
+            let v1 = W::load8(w1.add(c));
+            let v2 = W::load8(w2.add(c));
             let x = _mm256_loadu_ps(x0.add(c));
             a00 = _mm256_fmadd_ps(x, v0, a00);
             a10 = _mm256_fmadd_ps(x, v1, a10);
@@ -344,7 +461,7 @@ unsafe fn dots_avx2(
             let s1 = _mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1));
             let mut v = _mm_cvtss_f32(s1);
             for i in full..k {
-                v += xs[r][i] * ws[j][i];
+                v += xs[r][i] * ws[j][i].to_f32();
             }
             d[j][r] = v;
         }
@@ -358,11 +475,12 @@ unsafe fn dots_avx2(
 /// multiply-add, which halves the throughput).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-unsafe fn dots_avx512(xs: &[&[f32]; R], ws: &[&[f32]; O], k: usize) -> [[f32; R]; O] {
+unsafe fn dots_avx512<W: Weight>(xs: &[&[f32]; R], ws: &[&[W]; O], k: usize) -> [[f32; R]; O] {
     use std::arch::x86_64::*;
-    for row in xs.iter().chain(ws.iter()) {
-        assert!(row.len() >= k, "dots: row shorter than k");
-    }
+    assert!(
+        xs.iter().all(|r| r.len() >= k) && ws.iter().all(|r| r.len() >= k),
+        "dots: row shorter than k"
+    );
     let [x0, x1, x2, x3] = [
         xs[0].as_ptr(),
         xs[1].as_ptr(),
@@ -385,10 +503,10 @@ unsafe fn dots_avx512(xs: &[&[f32]; R], ws: &[&[f32]; O], k: usize) -> [[f32; R]
     while c < full {
         // SAFETY: c + 16 <= full <= k <= every row's length (asserted above).
         unsafe {
-            let v0 = _mm512_loadu_ps(w0.add(c));
-            let v1 = _mm512_loadu_ps(w1.add(c));
-            let v2 = _mm512_loadu_ps(w2.add(c));
-            let v3 = _mm512_loadu_ps(w3.add(c));
+            let v0 = W::load16(w0.add(c));
+            let v1 = W::load16(w1.add(c));
+            let v2 = W::load16(w2.add(c));
+            let v3 = W::load16(w3.add(c));
             let x = _mm512_loadu_ps(x0.add(c));
             a00 = _mm512_fmadd_ps(x, v0, a00);
             a10 = _mm512_fmadd_ps(x, v1, a10);
@@ -423,7 +541,7 @@ unsafe fn dots_avx512(xs: &[&[f32]; R], ws: &[&[f32]; O], k: usize) -> [[f32; R]
         for r in 0..R {
             let mut v = _mm512_reduce_add_ps(acc[j][r]);
             for i in full..k {
-                v += xs[r][i] * ws[j][i];
+                v += xs[r][i] * ws[j][i].to_f32();
             }
             d[j][r] = v;
         }
@@ -482,6 +600,42 @@ mod tests {
                     close(&matmul_wt_on(path, &x, &w, m, k, n), path.name());
                 }
             }
+            // Reduced-precision weights: each path must equal the f64 product with the
+            // rounded weights widened back to f32 (the values the training forward sees).
+            let wb: Vec<bf16> = w.iter().map(|&v| bf16::from_f32(v)).collect();
+            let wh: Vec<f16> = w.iter().map(|&v| f16::from_f32(v)).collect();
+            let wide_b: Vec<f32> = wb.iter().map(|v| v.to_f32()).collect();
+            let wide_h: Vec<f32> = wh.iter().map(|v| v.to_f32()).collect();
+            // The rounding really happened (so the comparison below is not vacuous).
+            assert!(wide_b.iter().zip(&w).any(|(a, b)| a != b));
+            let (want_b, want_h) = (naive(&x, &wide_b, m, k, n), naive(&x, &wide_h, m, k, n));
+            for path in [Kernels::Portable, Kernels::Avx2, Kernels::Avx512] {
+                if !path.supported() {
+                    continue;
+                }
+                for (got, want, dt) in [
+                    (matmul_wt_on(path, &x, &wb, m, k, n), &want_b, "bf16"),
+                    (matmul_wt_on(path, &x, &wh, m, k, n), &want_h, "f16"),
+                ] {
+                    for (g, e) in got.iter().zip(want) {
+                        assert!(
+                            (g - e).abs() <= 1e-4 * (1.0 + e.abs()),
+                            "{} {dt} {m}x{k}x{n}: {g} vs {e}",
+                            path.name()
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn widening_is_exact() {
+        for v in [0.0f32, -1.5, 3.140625, 1e-3, -65504.0, 6.1e-5] {
+            let b = bf16::from_f32(v);
+            assert_eq!(b.to_f32(), Weight::to_f32(b));
+            let h = f16::from_f32(v);
+            assert_eq!(h.to_f32(), Weight::to_f32(h));
         }
     }
 }
