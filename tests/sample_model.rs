@@ -157,29 +157,33 @@ fn every_row_matches_sampling_it_alone(on: ChooseOn) {
     assert_ne!(other, out);
 }
 
-fn recorded_logprobs_match_training_forward(on: ChooseOn) {
-    let model = tiny_model(3);
+/// Three completions of every prompt at T = 1: each recorded log-prob (full and
+/// sampled: no filter) equals the training forward's within 1e-4.
+fn assert_recorded_logprobs_are_the_trainers(model: &Qwen2, on: ChooseOn, what: &str) {
     let params = SamplingParams {
         temperature: 1.0,
         max_new_tokens: 8,
         ..Default::default()
     };
     let ps = prompts();
-    let out = groups(&model, &ps, 3, &params, 5, on);
+    let out = groups(model, &ps, 3, &params, 5, on);
     for (i, p) in ps.iter().enumerate() {
         for c in &out[i] {
-            let want = training_logprobs(&model, p, &c.ids, 1.0);
+            let want = training_logprobs(model, p, &c.ids, 1.0);
             assert_eq!(want.len(), c.ids.len());
             for (k, w) in want.iter().enumerate() {
-                assert!(
-                    (c.full_logprobs[k] - w).abs() < 1e-4,
-                    "{} vs {w}",
-                    c.full_logprobs[k]
-                );
-                assert!((c.sample_logprobs[k] - w).abs() < 1e-4);
+                let (full, sampled) = (c.full_logprobs[k], c.sample_logprobs[k]);
+                assert!((full - w).abs() < 1e-4, "{what}: {full} vs {w}");
+                assert!((sampled - w).abs() < 1e-4, "{what}: {sampled} vs {w}");
             }
         }
     }
+}
+
+fn recorded_logprobs_match_training_forward(on: ChooseOn) {
+    let model = tiny_model(3);
+    assert_recorded_logprobs_are_the_trainers(&model, on, "f32");
+    let ps = prompts();
     // with temperature and filters, full log-probs are the trainer's at that temperature
     let params = SamplingParams {
         temperature: 0.7,
@@ -203,22 +207,8 @@ fn reduced_precision_base_logprobs_match_training_forward(on: ChooseOn) {
     for dtype in [DType::BF16, DType::F16] {
         let mut model = tiny_model(3);
         model.set_base_dtype(dtype).unwrap();
-        let params = SamplingParams {
-            temperature: 1.0,
-            max_new_tokens: 8,
-            ..Default::default()
-        };
+        assert_recorded_logprobs_are_the_trainers(&model, on, &format!("{dtype:?} base"));
         let ps = prompts();
-        let out = groups(&model, &ps, 3, &params, 5, on);
-        for (i, p) in ps.iter().enumerate() {
-            for c in &out[i] {
-                let want = training_logprobs(&model, p, &c.ids, 1.0);
-                assert_eq!(want.len(), c.ids.len());
-                for (got, w) in c.full_logprobs.iter().zip(&want) {
-                    assert!((got - w).abs() < 1e-4, "{dtype:?}: {got} vs {w}");
-                }
-            }
-        }
         let greedy = SamplingParams {
             temperature: 0.0,
             max_new_tokens: 10,
