@@ -176,12 +176,6 @@ fn skinny_linear(
     let CpuStorage::F32(x) = s else {
         return Ok(None);
     };
-    if !matches!(
-        ws,
-        CpuStorage::F32(_) | CpuStorage::BF16(_) | CpuStorage::F16(_)
-    ) {
-        return Ok(None);
-    }
     let dims = l.dims();
     let k = *dims.last().unwrap_or(&0);
     let m: usize = dims[..dims.len().saturating_sub(1)].iter().product();
