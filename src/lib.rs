@@ -6,12 +6,14 @@
 //! (group sampling with a shared KV cache) → [`grpo`] (advantages, loss, optimiser, the
 //! training loop) → [`run`] (the run directory). [`sft`] (supervised fine-tuning and the
 //! warm start before GRPO), [`curriculum`], [`eval`], [`plot`] and [`hub`] build on those; [`cli`] holds every command-line type. [`chat`], [`rng`],
-//! [`atomic`] and [`sys`] are leaves.
+//! [`atomic`] and [`sys`] are leaves. [`dist`] (data parallel across processes: MPI, NCCL)
+//! sits under [`grpo`].
 pub mod atomic;
 pub mod chat;
 pub mod cli;
 pub mod config;
 pub mod curriculum;
+pub mod dist;
 pub mod envs;
 pub mod eval;
 pub mod grpo;

@@ -37,6 +37,7 @@ fn update(o: &OptimConfig) -> anyhow::Result<(UpdateStats, Vec<Tensor>)> {
         sched: &sched,
         pad_id: 0,
         budget: None,
+        dist: &concord::dist::Dist::single(),
     }
     .update(&mut batch, &g, o, 0, 17)?;
     let vars = m

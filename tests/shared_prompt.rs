@@ -271,6 +271,7 @@ fn update_with_share_prompt_matches() {
             sched: &sched,
             pad_id: 0,
             budget: None,
+            dist: &concord::dist::Dist::single(),
         }
         .update(&mut batch, &g, &o, 0, 17)
         .unwrap();

@@ -15,11 +15,12 @@ use super::advantage::{
 };
 use super::pack::Rollout;
 use crate::config::{GrpoConfig, MultiObjectiveAggregation};
+use crate::dist::Dist;
 use crate::model::qwen2::Qwen2;
 use crate::rng::mix_seeds as mix;
-use crate::sample::{self, ChooseOn, FinishReason};
+use crate::sample::{self, ChooseOn, FinishReason, GroupRequest};
 use crate::task::{Episodes, Renderer, Task, TaskPrompt};
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use std::time::Instant;
 
 /// What one step collected, ready for the update.
@@ -74,6 +75,14 @@ struct Group {
     turns: Vec<usize>,
 }
 
+/// What crosses between processes of a group sampled elsewhere (every process draws
+/// the prompts itself): everything, so that any process can train any row.
+#[derive(Clone, serde::Serialize, serde::Deserialize)]
+struct ScoredGroup {
+    rollouts: Vec<Rollout>,
+    turns: Vec<usize>,
+}
+
 impl Group {
     fn has_signal(&self) -> bool {
         let r: Vec<f64> = self.rollouts.iter().map(|r| r.scalar).collect();
@@ -88,7 +97,9 @@ struct Timing {
     score: f64,
 }
 
-/// Draw `n` prompts with `seed` and sample and score G completions of each.
+/// Draw `n` prompts with `seed` and sample and score G completions of each: this
+/// process its block of the prompts, the others theirs, gathered.
+#[allow(clippy::too_many_arguments)]
 fn draw(
     model: &Qwen2,
     renderer: &dyn Renderer,
@@ -96,18 +107,101 @@ fn draw(
     g: &GrpoConfig,
     seed: u64,
     n: usize,
+    dist: &Dist,
+    timing: &mut Timing,
+) -> Result<Vec<Group>> {
+    // Every process draws all `n` prompts (a pure function of the seed) and samples its
+    // own block of them, on RNG streams keyed by the prompt's index in the draw.
+    let mut prompts = task.prompts(seed, n, renderer)?;
+    let mine = dist.block(prompts.len());
+    let rest = prompts.split_off(mine.end);
+    let before: Vec<TaskPrompt> = prompts.drain(..mine.start).collect();
+    let local = if let Some(ep) = task.as_episodes() {
+        draw_episodes(model, renderer, ep, g, seed, prompts, mine.start, timing)?
+    } else {
+        draw_decisions(model, renderer, task, g, seed, prompts, mine.start, timing)?
+    };
+    gather(dist, before, local, rest)
+}
+
+/// Every process's groups of one draw, in prompt order: this one's `local` groups
+/// between the prompts `before` and `after` them, whose groups the other processes
+/// sampled.
+fn gather(
+    dist: &Dist,
+    before: Vec<TaskPrompt>,
+    local: Vec<Group>,
+    after: Vec<TaskPrompt>,
+) -> Result<Vec<Group>> {
+    if !dist.is_distributed() {
+        return Ok(local);
+    }
+    let wire: Vec<ScoredGroup> = local
+        .iter()
+        .map(|gr| ScoredGroup {
+            rollouts: gr.rollouts.clone(),
+            turns: gr.turns.clone(),
+        })
+        .collect();
+    let all = dist.all_gather_json("scored groups", &wire)?;
+    let mut elsewhere = all
+        .into_iter()
+        .enumerate()
+        .filter(|(r, _)| *r != dist.rank())
+        .flat_map(|(_, gs)| gs);
+    let mut remote = |prompt: TaskPrompt| -> Result<Group> {
+        let sg = elsewhere
+            .next()
+            .context("gather: fewer scored groups than prompts")?;
+        Ok(Group {
+            prompt,
+            rollouts: sg.rollouts,
+            turns: sg.turns,
+        })
+    };
+    let mut groups = Vec::new();
+    for p in before {
+        groups.push(remote(p)?);
+    }
+    groups.extend(local);
+    for p in after {
+        groups.push(remote(p)?);
+    }
+    Ok(groups)
+}
+
+/// Decision mode: G completions of each prompt, scored by the task. `first` is the
+/// index of `prompts[0]` in the draw.
+#[allow(clippy::too_many_arguments)]
+fn draw_decisions(
+    model: &Qwen2,
+    renderer: &dyn Renderer,
+    task: &mut dyn Task,
+    g: &GrpoConfig,
+    seed: u64,
+    prompts: Vec<TaskPrompt>,
+    first: usize,
     timing: &mut Timing,
 ) -> Result<Vec<Group>> {
     let gsize = g.num_generations;
-    let prompts = task.prompts(seed, n, renderer)?;
-    if let Some(ep) = task.as_episodes() {
-        return draw_episodes(model, renderer, ep, g, seed, prompts, timing);
+    if prompts.is_empty() {
+        return Ok(Vec::new());
     }
-    let prompt_ids: Vec<Vec<u32>> = prompts.iter().map(|p| p.ids.clone()).collect();
+    let requests: Vec<GroupRequest> = prompts
+        .iter()
+        .enumerate()
+        .map(|(i, p)| GroupRequest {
+            prompt: &p.ids,
+            num: gsize,
+            stream_prompt: first + i,
+            first_sample: 0,
+        })
+        .collect();
     let params = g.sampling_params(renderer.stop_ids(), mix(seed, 1));
     let decode = |ids: &[u32]| renderer.decode(ids);
     let t = Instant::now();
-    let samples = sample::sample_groups(model, &decode, &prompt_ids, gsize, &params, params.seed)?;
+    let (samples, _) = sample::sample_requests(model, &decode, &requests, &params, params.seed)?;
+    drop(requests);
     timing.sample += t.elapsed().as_secs_f64();
     let t = Instant::now();
     let mut groups = Vec::with_capacity(prompts.len());
@@ -123,7 +217,7 @@ fn draw(
             let reward = task.score(&prompt, &c)?;
             let scalar = weighted_reward(&reward.components, reward.scalar, &g.reward_weights);
             rollouts.push(Rollout {
-                group: pi,
+                group: first + pi,
                 prompt_ids: prompt.ids.clone(),
                 env_mask: vec![1.0; c.ids.len()],
                 sampler_logp: Some(c.full_logprobs),
@@ -148,6 +242,8 @@ fn draw(
 
 /// Episode mode: play G whole episodes from each prompt's start state (see
 /// [`crate::task::episode`]); each seat's trajectory is one rollout of its prompt.
+/// `first` is the index of `prompts[0]` in the draw.
+#[allow(clippy::too_many_arguments)]
 fn draw_episodes(
     model: &Qwen2,
     renderer: &dyn Renderer,
@@ -155,8 +251,12 @@ fn draw_episodes(
     g: &GrpoConfig,
     seed: u64,
     prompts: Vec<TaskPrompt>,
+    first: usize,
     timing: &mut Timing,
 ) -> Result<Vec<Group>> {
+    if prompts.is_empty() {
+        return Ok(Vec::new());
+    }
     let params = g.sampling_params(renderer.stop_ids(), mix(seed, 1));
     let t = Instant::now();
     let (played, _) = task.play(
@@ -165,7 +265,7 @@ fn draw_episodes(
         &prompts,
         g.num_generations,
         &params,
-        0,
+        first,
         ChooseOn::Auto,
     )?;
     // the environments step inside the sampler: their time counts as sampling
@@ -179,7 +279,7 @@ fn draw_episodes(
             let scalar = weighted_reward(&p.reward.components, p.reward.scalar, &g.reward_weights);
             turns.push(tr.model_turns);
             rollouts.push(Rollout {
-                group: pi,
+                group: first + pi,
                 prompt_ids: prompt.ids.clone(),
                 text: renderer.decode(&tr.ids)?,
                 env_mask: tr.env_mask,
@@ -211,11 +311,26 @@ pub fn collect(
     seed: u64,
     first_step: bool,
 ) -> Result<Batch> {
+    collect_on(model, renderer, task, g, seed, first_step, &Dist::single())
+}
+
+/// [`collect`] in a data-parallel run: this process samples and scores its share of
+/// the prompts, and the returned batch holds every process's groups, so whatever is
+/// computed from the batch is the same on every process and as in one process.
+pub fn collect_on(
+    model: &Qwen2,
+    renderer: &dyn Renderer,
+    task: &mut dyn Task,
+    g: &GrpoConfig,
+    seed: u64,
+    first_step: bool,
+    dist: &Dist,
+) -> Result<Batch> {
     let want = g.prompts_per_step;
     let budget = g.prompt_draw_budget();
     let mut timing = Timing::default();
     // Round 0 draws exactly what a step without dynamic sampling draws.
-    let mut drawn = draw(model, renderer, task, g, seed, want, &mut timing)?;
+    let mut drawn = draw(model, renderer, task, g, seed, want, dist, &mut timing)?;
     // episode mode: a start state gives one group per policy seat (self-play: several)
     let want = if task.as_episodes().is_some() {
         drawn.len()
@@ -237,11 +352,18 @@ pub fn collect(
             g,
             mix(seed, 1000 + round),
             n,
+            dist,
             &mut timing,
         )?;
         drawn.extend(more);
     }
 
+    if dist.is_distributed() {
+        // The step took as long as its slowest process.
+        let times = dist.all_gather_f64("timings", &[timing.sample, timing.score])?;
+        timing.sample = times.iter().map(|t| t[0]).fold(0.0, f64::max);
+        timing.score = times.iter().map(|t| t[1]).fold(0.0, f64::max);
+    }
     let prompt_draws = drawn.len();
     let frac_zero_std_drawn =
         drawn.iter().filter(|d| !d.has_signal()).count() as f64 / prompt_draws as f64;

@@ -202,6 +202,19 @@ impl Default for Extremes {
 }
 
 impl Extremes {
+    /// As four numbers (for a gather across processes); [`Extremes::from_array`] reads
+    /// them back.
+    pub fn to_array(&self) -> [f64; 4] {
+        [self.min, self.max, self.sum, self.count]
+    }
+    pub fn from_array(a: [f64; 4]) -> Self {
+        Self {
+            min: a[0],
+            max: a[1],
+            sum: a[2],
+            count: a[3],
+        }
+    }
     pub fn push(&mut self, x: f64) {
         self.min = self.min.min(x);
         self.max = self.max.max(x);
@@ -274,6 +287,74 @@ pub struct LossStats {
 }
 
 impl LossStats {
+    /// Numbers in [`LossStats::to_vec`].
+    pub const LEN: usize = 33;
+
+    /// Every field as one flat list (for a gather across processes);
+    /// [`LossStats::from_slice`] reads it back.
+    pub fn to_vec(&self) -> Vec<f64> {
+        let mut v = vec![
+            self.loss,
+            self.policy_loss,
+            self.tokens,
+            self.clip_units,
+            self.low_clipped,
+            self.high_clipped,
+            self.region_clipped,
+            self.cispo_clipped,
+            self.kl_sum,
+            self.kl_tokens,
+            self.entropy_sum,
+            self.entropy_tokens,
+            self.entropy_kept,
+        ];
+        for e in [
+            &self.low_per_seq,
+            &self.high_per_seq,
+            &self.vespo_phi,
+            &self.sampling_logp_diff,
+            &self.sampling_ratio,
+        ] {
+            v.extend(e.to_array());
+        }
+        v
+    }
+
+    /// The inverse of [`LossStats::to_vec`].
+    pub fn from_slice(v: &[f64]) -> Result<Self> {
+        if v.len() != Self::LEN {
+            bail!(
+                "loss statistics: {} numbers, expected {}",
+                v.len(),
+                Self::LEN
+            );
+        }
+        let e = |i: usize| {
+            let at = 13 + 4 * i;
+            Extremes::from_array([v[at], v[at + 1], v[at + 2], v[at + 3]])
+        };
+        Ok(Self {
+            loss: v[0],
+            policy_loss: v[1],
+            tokens: v[2],
+            clip_units: v[3],
+            low_clipped: v[4],
+            high_clipped: v[5],
+            region_clipped: v[6],
+            cispo_clipped: v[7],
+            kl_sum: v[8],
+            kl_tokens: v[9],
+            entropy_sum: v[10],
+            entropy_tokens: v[11],
+            entropy_kept: v[12],
+            low_per_seq: e(0),
+            high_per_seq: e(1),
+            vespo_phi: e(2),
+            sampling_logp_diff: e(3),
+            sampling_ratio: e(4),
+        })
+    }
+
     pub fn merge(&mut self, o: &LossStats) {
         self.loss += o.loss;
         self.policy_loss += o.policy_loss;
@@ -691,4 +772,54 @@ pub fn grpo_loss(inp: &LossInputs, p: &LossParams, scale: &LossScale) -> Result<
     }
     stats.loss = loss.to_dtype(DType::F64)?.to_scalar::<f64>()?;
     Ok(LossOutput { loss, stats })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn loss_statistics_cross_as_numbers_unchanged() {
+        // Every field distinct, so a swapped or forgotten field fails.
+        let mut s = LossStats::default();
+        let mut x = 0.0;
+        let mut next = || {
+            x += 1.25;
+            x
+        };
+        for f in [
+            &mut s.loss,
+            &mut s.policy_loss,
+            &mut s.tokens,
+            &mut s.clip_units,
+            &mut s.low_clipped,
+            &mut s.high_clipped,
+            &mut s.region_clipped,
+            &mut s.cispo_clipped,
+            &mut s.kl_sum,
+            &mut s.kl_tokens,
+            &mut s.entropy_sum,
+            &mut s.entropy_tokens,
+            &mut s.entropy_kept,
+        ] {
+            *f = next();
+        }
+        for e in [
+            &mut s.low_per_seq,
+            &mut s.high_per_seq,
+            &mut s.vespo_phi,
+            &mut s.sampling_logp_diff,
+            &mut s.sampling_ratio,
+        ] {
+            e.push(next());
+            e.push(-next());
+        }
+        let v = s.to_vec();
+        assert_eq!(v.len(), LossStats::LEN);
+        assert_eq!(LossStats::from_slice(&v).unwrap(), s);
+        // The empty statistics (infinite extremes) cross too.
+        let empty = LossStats::default();
+        assert_eq!(LossStats::from_slice(&empty.to_vec()).unwrap(), empty);
+        assert!(LossStats::from_slice(&v[1..]).is_err());
+    }
 }

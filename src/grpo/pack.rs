@@ -11,7 +11,7 @@ use crate::envs::Reward;
 use anyhow::{bail, Result};
 
 /// One completion of one prompt, scored.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Rollout {
     /// Index of the prompt (group) in the step.
     pub group: usize,

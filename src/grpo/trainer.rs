@@ -23,13 +23,14 @@
 //! Determinism: the prompts, sampling RNG streams and dropout masks of step `s` are
 //! pure functions of `(run.seed, s)`, so a resumed run (adapter + optimizer state
 //! restored from `checkpoint-S/`) writes the same later rows as an uninterrupted one.
-use super::batch::{collect, Batch};
+use super::batch::{collect_on, Batch};
 use super::metrics;
 use super::optim::{AdamW, AdamWParams, LrSchedule};
 use super::update::{Learner, UpdateStats};
 use crate::config::stage::StageLength;
 use crate::config::Config;
 use crate::curriculum::{total_steps, Stage};
+use crate::dist::Dist;
 use crate::envs::remote::ConnectionLost;
 use crate::model::budget::MemoryBudget;
 use crate::model::qwen2::Qwen2;
@@ -40,6 +41,7 @@ use crate::task::{Renderer, Task};
 use anyhow::{bail, Context, Result};
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
+use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
@@ -65,6 +67,9 @@ pub struct Trainer {
     /// The default memory budget, resolved at the first update (from the process's one
     /// MemAvailable reading, `model::budget::available_memory`).
     host_budget: Option<MemoryBudget>,
+    /// The processes of a data-parallel run (one process: [`Dist::single`]). Only rank
+    /// 0 writes the run directory and prints progress.
+    pub dist: Rc<Dist>,
 }
 
 static INTERRUPTED: AtomicBool = AtomicBool::new(false);
@@ -103,12 +108,29 @@ impl Trainer {
     /// A trainer over a curriculum ([`crate::curriculum::build`]).
     pub fn with_stages(
         cfg: Config,
+        model: Qwen2,
+        renderer: Box<dyn Renderer>,
+        stages: Vec<Stage>,
+        base_model: String,
+        resume: bool,
+    ) -> Result<Self> {
+        let one = Rc::new(Dist::single());
+        Self::with_stages_on(one, cfg, model, renderer, stages, base_model, resume)
+    }
+
+    /// [`Trainer::with_stages`] as one process of a data-parallel run: every process
+    /// restores the same checkpoint; only rank 0 clears or truncates the logs and
+    /// writes config.toml.
+    pub fn with_stages_on(
+        dist: Rc<Dist>,
+        cfg: Config,
         mut model: Qwen2,
         renderer: Box<dyn Renderer>,
         stages: Vec<Stage>,
         base_model: String,
         resume: bool,
     ) -> Result<Self> {
+        let root = dist.is_root();
         if stages.is_empty() {
             bail!("a run needs at least one stage");
         }
@@ -121,7 +143,7 @@ impl Trainer {
         } else {
             None
         };
-        if resume && latest.is_none() {
+        if resume && latest.is_none() && root {
             eprintln!(
                 "no checkpoint in {}: starting from step 0",
                 run_dir.display()
@@ -139,15 +161,19 @@ impl Trainer {
         if let Some((step, dir)) = &latest {
             opt.load(&dir.join(checkpoint::OPTIMIZER))?;
             state = checkpoint::load_state(dir, *step)?;
-            log::truncate_logs(&run_dir, state.step)?;
-            eprintln!("resuming {} from step {}", run_dir.display(), state.step);
-        } else {
+            if root {
+                log::truncate_logs(&run_dir, state.step)?;
+                eprintln!("resuming {} from step {}", run_dir.display(), state.step);
+            }
+        } else if root {
             log::remove_logs(&run_dir)?;
         }
-        crate::atomic::atomic_write_bytes(
-            &run_dir.join("config.toml"),
-            cfg.to_toml_string()?.as_bytes(),
-        )?;
+        if root {
+            crate::atomic::atomic_write_bytes(
+                &run_dir.join("config.toml"),
+                cfg.to_toml_string()?.as_bytes(),
+            )?;
+        }
         if state.csv_header.is_empty() {
             let mut names: Vec<String> = stages
                 .iter()
@@ -173,11 +199,12 @@ impl Trainer {
             total_steps,
             run_dir,
             state,
-            quiet: false,
+            quiet: !root,
             pad_id,
             base_model,
             max_micro_batches: None,
             host_budget: None,
+            dist,
         })
     }
 
@@ -238,7 +265,11 @@ impl Trainer {
             ));
             let s = self.state.step;
             let save_every = self.cfg.run.save_every;
-            let interrupted = INTERRUPTED.load(Ordering::SeqCst);
+            // A signal reaches the processes of a job at different moments: they stop
+            // together, after the same step.
+            let interrupted = self
+                .dist
+                .any("interrupt flag", INTERRUPTED.load(Ordering::SeqCst))?;
             let finished = s == total || self.state.stage >= self.stages.len();
             if let Some(p) = lines.as_mut() {
                 p.step(s, row.reward, row.step_time, finished || interrupted);
@@ -264,7 +295,9 @@ impl Trainer {
     /// the lost episodes as zeros.
     fn on_step_error(&self, e: anyhow::Error) -> anyhow::Error {
         let lost = e.chain().any(|c| c.is::<ConnectionLost>());
-        if !lost || self.state.step == 0 {
+        // In a data-parallel run the failing process alone knows: it ends the job
+        // (`Dist::or_abort`) and the run resumes from the last saved checkpoint.
+        if !lost || self.state.step == 0 || self.dist.is_distributed() {
             return e;
         }
         let s = self.state.step;
@@ -314,13 +347,14 @@ impl Trainer {
         self.model.set_adapter_enabled(true);
         let first_step = self.state.step == 0 || self.state.csv_header.is_empty();
         let st = &mut self.stages[stage];
-        collect(
+        collect_on(
             &self.model,
             self.renderer.as_ref(),
             st.task.as_mut(),
             &st.cfg.grpo,
             seed,
             first_step,
+            &self.dist,
         )
     }
 
@@ -342,6 +376,7 @@ impl Trainer {
             sched: &self.sched,
             pad_id: self.pad_id,
             budget: self.host_budget,
+            dist: &self.dist,
         }
         .update(batch, &cfg.grpo, &cfg.optim, self.state.step, seed)?;
         let n = stats.plan.micro_batches.len();
@@ -382,15 +417,17 @@ impl Trainer {
             let names: Vec<String> = row.components.keys().cloned().collect();
             self.state.csv_header = log::csv_header(&names, optional_columns(&self.stages));
         }
-        log::append_row(&self.run_dir, &self.state.csv_header, &row)?;
-        let samples = metrics::samples(
-            batch,
-            st.task.as_ref(),
-            self.state.step,
-            &st.name,
-            self.cfg.run.log_samples,
-        );
-        log::append_samples(&self.run_dir, &samples)?;
+        if self.dist.is_root() {
+            log::append_row(&self.run_dir, &self.state.csv_header, &row)?;
+            let samples = metrics::samples(
+                batch,
+                st.task.as_ref(),
+                self.state.step,
+                &st.name,
+                self.cfg.run.log_samples,
+            );
+            log::append_samples(&self.run_dir, &samples)?;
+        }
         Ok(row)
     }
 
@@ -411,8 +448,13 @@ impl Trainer {
     }
 
     /// Write `checkpoint-STEP/` (adapter, optimizer, trainer state) and the run's
-    /// top-level adapter.
+    /// top-level adapter. In a data-parallel run rank 0 writes (every process holds the
+    /// same adapter and optimizer state) and the others wait for it.
     pub fn save_checkpoint(&self) -> Result<PathBuf> {
+        if !self.dist.is_root() {
+            self.dist.barrier("checkpoint")?;
+            return Ok(checkpoint::dir_of(&self.run_dir, self.state.step));
+        }
         let dir = checkpoint::save(
             &self.run_dir,
             &self.state,
@@ -423,6 +465,7 @@ impl Trainer {
             },
         )?;
         self.model.save_adapter(&self.run_dir, &self.base_model)?;
+        self.dist.barrier("checkpoint")?;
         Ok(dir)
     }
 }
@@ -523,30 +566,58 @@ pub struct PreparedRun {
     /// The base model's name (recorded in adapter_config.json).
     pub base: String,
     pub resume: bool,
-    _lock: crate::run::dir::RunLock,
+    /// The processes of the run: one, unless it was started by mpirun, torchrun or
+    /// srun ([`Dist::from_launch`]).
+    pub dist: Rc<Dist>,
+    /// Held by rank 0 only.
+    _lock: Option<crate::run::dir::RunLock>,
 }
 
-/// The first half of [`run_train`]: everything validated, then the run directory locked
-/// and checked ([`crate::run::dir::claim`]).
+/// The first half of [`run_train`]: the process group joined (when launched as one),
+/// everything validated, then the run directory locked and checked
+/// ([`crate::run::dir::claim`]).
 pub fn prepare_train(opts: &TrainOptions) -> Result<PreparedRun> {
-    let (cfg_path, cfg) = crate::run::dir::load_run_config(
+    let (cfg_path, mut cfg) = crate::run::dir::load_run_config(
         opts.config.as_deref(),
         opts.resume.as_deref(),
         opts.overwrite,
         &opts.sets,
     )?;
+    let dist = Rc::new(Dist::from_launch(&mut cfg.model.device)?);
+    dist.or_abort(|| prepare_on(opts, &cfg_path, cfg, dist.clone()))
+}
+
+/// [`prepare_train`] after the config is read. Rank 0 goes first (it may create the
+/// built-in tiny model and clears the run directory); the others follow once it has.
+fn prepare_on(
+    opts: &TrainOptions,
+    cfg_path: &Path,
+    cfg: Config,
+    dist: Rc<Dist>,
+) -> Result<PreparedRun> {
+    const ROOT_FIRST: &str = "rank 0 prepares the run";
+    if !dist.is_root() {
+        dist.barrier(ROOT_FIRST)?;
+    }
     let run_dir = cfg.run_dir();
     if opts.resume.is_some() {
         check_resume_keys(&cfg, &run_dir)?;
     }
     let stages = crate::curriculum::build(&cfg).map_err(|e| {
-        let text = std::fs::read_to_string(&cfg_path).unwrap_or_default();
+        let text = std::fs::read_to_string(cfg_path).unwrap_or_default();
         crate::config::locate_env_error(&text, &cfg_path.display().to_string(), &e)
     })?;
     let (model, renderer, base) = crate::task::load_model(&cfg)?;
     check_sizes(&cfg, &stages, &model)?;
     // Everything is valid: now the run directory.
-    let lock = crate::run::dir::claim(&run_dir, opts.resume.is_some(), opts.overwrite, "train")?;
+    let lock = if dist.is_root() {
+        let resume = opts.resume.is_some();
+        let lock = crate::run::dir::claim(&run_dir, resume, opts.overwrite, "train")?;
+        dist.barrier(ROOT_FIRST)?;
+        Some(lock)
+    } else {
+        None
+    };
     Ok(PreparedRun {
         cfg,
         stages,
@@ -554,6 +625,7 @@ pub fn prepare_train(opts: &TrainOptions) -> Result<PreparedRun> {
         renderer,
         base,
         resume: opts.resume.is_some(),
+        dist,
         _lock: lock,
     })
 }
@@ -561,7 +633,13 @@ pub fn prepare_train(opts: &TrainOptions) -> Result<PreparedRun> {
 impl PreparedRun {
     /// Train, then draw the plots (the run directory stays locked until the end).
     pub fn train(self) -> Result<()> {
-        let mut t = Trainer::with_stages(
+        let dist = self.dist.clone();
+        dist.or_abort(|| self.train_here())
+    }
+
+    fn train_here(self) -> Result<()> {
+        let mut t = Trainer::with_stages_on(
+            self.dist,
             self.cfg,
             self.model,
             self.renderer,
@@ -571,6 +649,14 @@ impl PreparedRun {
         )?;
         let started = Instant::now();
         t.train()?;
+        let comm = if t.dist.is_distributed() {
+            t.dist.comm_report()?
+        } else {
+            Vec::new()
+        };
+        if !t.dist.is_root() {
+            return Ok(());
+        }
         // Plots are a convenience: a failure to draw them must not fail the run.
         match crate::plot::plot_run(&t.run_dir, 10) {
             Ok(files) => {
@@ -580,12 +666,32 @@ impl PreparedRun {
             }
             Err(e) => eprintln!("warning: plots not written: {e:#}"),
         }
+        let secs = started.elapsed().as_secs_f64();
         eprintln!(
-            "done: {} steps in {:.1}s; adapter in {}",
+            "done: {} steps in {secs:.1}s; adapter in {}",
             t.state.step,
-            started.elapsed().as_secs_f64(),
             t.run_dir.display()
         );
+        if t.dist.is_distributed() {
+            eprintln!(
+                "data parallel: {} processes over {}; seconds in collectives, summed over \
+                 calls (least: the rank that waited least in each call, about the \
+                 transfer; most: transfer + waiting for the slowest rank), of {secs:.1}s:",
+                t.dist.world_size(),
+                t.dist.name(),
+            );
+            for c in &comm {
+                eprintln!(
+                    "  {:<24} {:>5} calls  least {:>8.3}s ({:.2}%)  most {:>8.3}s ({:.2}%)",
+                    c.what,
+                    c.calls,
+                    c.least_secs,
+                    100.0 * c.least_secs / secs.max(1e-9),
+                    c.most_secs,
+                    100.0 * c.most_secs / secs.max(1e-9)
+                );
+            }
+        }
         Ok(())
     }
 }

@@ -24,6 +24,7 @@ use super::optim::{clip_grad_norm, AdamW, LrSchedule};
 use super::pack::{pack, Packed, Rollout};
 use super::plan::{plan, Plan};
 use crate::config::{GrpoConfig, OptimConfig};
+use crate::dist::Dist;
 use crate::model::budget::{MemoryBudget, TrainMemory};
 use crate::model::ops;
 use crate::model::qwen2::{Checkpoints, Mode, Qwen2};
@@ -60,6 +61,10 @@ pub struct Learner<'a> {
     ///
     /// [`Trainer`]: super::trainer::Trainer
     pub budget: Option<MemoryBudget>,
+    /// The processes of a data-parallel run ([`Dist::single`] otherwise): each trains
+    /// its share of the batch's rows ([`balanced_share`]); the gradients and loss
+    /// statistics are summed over all of them before clipping.
+    pub dist: &'a Dist,
 }
 
 impl Learner<'_> {
@@ -88,6 +93,9 @@ impl Learner<'_> {
             .filter(|&i| every_row || rollouts[i].advantage != 0.0)
             .filter(|&i| !rollouts[i].completion_ids.is_empty())
             .collect();
+        // Every process holds the whole batch, so the rows to train are dealt out
+        // afresh, by tokens, not by who sampled them.
+        let active = balanced_share(&active, rollouts, self.dist.world_size(), self.dist.rank());
         // The micro-batches: row indices into `rollouts`, and with prompt sharing the
         // row ranges (within the micro-batch) of each group. Cut before anything is
         // allocated, so a row too big for the budget is an error, not an OOM kill.
@@ -191,18 +199,33 @@ impl Learner<'_> {
                 Some(a) => a,
                 None => self.zero_grads()?,
             };
-            let loss_ok = it_stats.loss.is_finite() || active.is_empty();
+            let mut any_active = !active.is_empty();
+            if self.dist.is_distributed() {
+                // Sum over the processes: then every one clips and steps identically.
+                self.dist.all_reduce_grads(&mut grads)?;
+                let mut mine = it_stats.to_vec();
+                mine.push(active.len() as f64);
+                let all = self.dist.all_gather_f64("loss statistics", &mine)?;
+                it_stats = LossStats::default();
+                for v in &all {
+                    it_stats.merge(&LossStats::from_slice(&v[..LossStats::LEN])?);
+                }
+                any_active = all.iter().any(|v| v[LossStats::LEN] > 0.0);
+            }
+            let loss_ok = it_stats.loss.is_finite() || !any_active;
             let norm = clip_grad_norm(&mut grads, optim.max_grad_norm)?;
             let update_idx = step * g.num_iterations + iter;
             out.learning_rate = optim.learning_rate * self.sched.factor(update_idx);
             if !loss_ok || !norm.is_finite() {
                 out.skipped = true;
-                eprintln!(
-                    "step {}: non-finite {} ({}): update skipped, adapter untouched",
-                    step + 1,
-                    if loss_ok { "gradient" } else { "loss" },
-                    if loss_ok { norm } else { it_stats.loss }
-                );
+                if self.dist.is_root() {
+                    eprintln!(
+                        "step {}: non-finite {} ({}): update skipped, adapter untouched",
+                        step + 1,
+                        if loss_ok { "gradient" } else { "loss" },
+                        if loss_ok { norm } else { it_stats.loss }
+                    );
+                }
             } else {
                 self.opt.set_lr(out.learning_rate);
                 self.opt.step(&grads)?;
@@ -215,6 +238,14 @@ impl Learner<'_> {
             }
         }
         out.secs = t_train.elapsed().as_secs_f64();
+        if self.dist.is_distributed() {
+            // Every process's tokens, in the time of the slowest.
+            let all = self
+                .dist
+                .all_gather_f64("update timing", &[out.trained_tokens as f64, out.secs])?;
+            out.trained_tokens = all.iter().map(|v| v[0] as usize).sum();
+            out.secs = all.iter().map(|v| v[1]).fold(0.0, f64::max);
+        }
         out.plan = plan;
         Ok(out)
     }
@@ -228,6 +259,38 @@ impl Learner<'_> {
             })
             .collect()
     }
+}
+
+/// This process's share of the rows to train, `rank` of `world`: a contiguous run of
+/// `active`, cut so that every share holds about the same number of tokens (each row
+/// goes to the share its middle token falls in). Rows, not whole groups: with few
+/// prompts per process a tied group leaves nothing to train, and its process would
+/// idle; a group split between processes runs its prompt on each (as `share_prompt`
+/// does for a group cut into micro-batches). The same on every process; all of
+/// `active` for one process.
+pub fn balanced_share(
+    active: &[usize],
+    rollouts: &[Rollout],
+    world: usize,
+    rank: usize,
+) -> Vec<usize> {
+    if world <= 1 {
+        return active.to_vec();
+    }
+    let tokens =
+        |i: usize| (rollouts[i].prompt_ids.len() + rollouts[i].completion_ids.len()) as f64;
+    let total: f64 = active.iter().map(|&i| tokens(i)).sum();
+    let mut before = 0.0;
+    let mut mine = Vec::new();
+    for &i in active {
+        let t = tokens(i);
+        let owner = (((before + t / 2.0) / total.max(1.0)) * world as f64) as usize;
+        if owner.min(world - 1) == rank {
+            mine.push(i);
+        }
+        before += t;
+    }
+    mine
 }
 
 /// Per-token log-probs `[B, comp_len]` (f32) of a packed micro-batch's completion
@@ -442,4 +505,51 @@ fn shared(
         None
     };
     Ok((lp, ent))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(group: usize, tokens: usize) -> Rollout {
+        Rollout {
+            group,
+            prompt_ids: vec![1; 2],
+            completion_ids: vec![2; tokens - 2],
+            env_mask: vec![1.0; tokens - 2],
+            truncated: false,
+            text: String::new(),
+            reward: Default::default(),
+            scalar: 0.0,
+            advantage: 1.0,
+            old_logp: None,
+            sampler_logp: None,
+        }
+    }
+
+    #[test]
+    fn rows_are_dealt_out_in_order_by_tokens() {
+        // Groups 0..4 of 4 rows; group 1 tied (no rows to train), group 3 long.
+        let lens = [10, 10, 10, 30];
+        let rollouts: Vec<Rollout> = (0..16).map(|i| row(i / 4, lens[i / 4])).collect();
+        let active: Vec<usize> = (0..16).filter(|i| i / 4 != 1).collect();
+        assert_eq!(balanced_share(&active, &rollouts, 1, 0), active);
+        let a = balanced_share(&active, &rollouts, 2, 0);
+        let b = balanced_share(&active, &rollouts, 2, 1);
+        // 200 tokens: groups 0 and 2 (80) and the first long row (30) are the first
+        // 110 (its middle token, 95, is in the first half); the rest, 90, the second.
+        assert_eq!(a, vec![0, 1, 2, 3, 8, 9, 10, 11, 12]);
+        assert_eq!(b, vec![13, 14, 15]);
+        // One group left with a gradient: both processes train half of it.
+        let one: Vec<usize> = (12..16).collect();
+        assert_eq!(balanced_share(&one, &rollouts, 2, 0), vec![12, 13]);
+        assert_eq!(balanced_share(&one, &rollouts, 2, 1), vec![14, 15]);
+        // Any number of processes: each row exactly once, in order.
+        for w in [3, 8, 20] {
+            let all: Vec<usize> = (0..w)
+                .flat_map(|r| balanced_share(&active, &rollouts, w, r))
+                .collect();
+            assert_eq!(all, active);
+        }
+    }
 }

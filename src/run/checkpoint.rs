@@ -46,6 +46,11 @@ impl TrainerState {
     }
 }
 
+/// `run_dir/checkpoint-{step}/`.
+pub fn dir_of(run_dir: &Path, step: usize) -> PathBuf {
+    run_dir.join(format!("checkpoint-{step}"))
+}
+
 /// Write `run_dir/checkpoint-{state.step}/`: `fill` writes the adapter and optimizer
 /// files into the (temporary) directory it is given, then `trainer_state.json` is added
 /// and the directory renamed into place. With `keep > 0`, only the newest `keep`
@@ -57,7 +62,7 @@ pub fn save(
     fill: impl FnOnce(&Path) -> Result<()>,
 ) -> Result<PathBuf> {
     let s = state.step;
-    let dir = run_dir.join(format!("checkpoint-{s}"));
+    let dir = dir_of(run_dir, s);
     let tmp = run_dir.join(format!(".checkpoint-{s}.tmp"));
     if tmp.exists() {
         std::fs::remove_dir_all(&tmp)?;

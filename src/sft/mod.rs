@@ -193,10 +193,21 @@ pub fn run_sft(opts: SftOptions) -> Result<()> {
 /// part has a checkpoint skips the warm start.
 pub fn run_train(opts: TrainOptions) -> Result<()> {
     let mut run = prepare_train(&opts)?;
+    let dist = run.dist.clone();
+    dist.or_abort(|| warm_start(&mut run))?;
+    run.train()
+}
+
+/// The warm start of [`run_train`], when the config asks for one. In a data-parallel
+/// run rank 0 trains it and the other processes load its adapter.
+fn warm_start(run: &mut crate::grpo::trainer::PreparedRun) -> Result<()> {
     if let Some(dir) = run.cfg.warm_start_dir() {
         let grpo_started =
             run.resume && crate::run::checkpoint::latest(&run.cfg.run_dir())?.is_some();
-        if !grpo_started {
+        if !grpo_started && !run.dist.is_root() {
+            run.dist.barrier("warm start")?;
+            run.model.load_adapter(&dir)?;
+        } else if !grpo_started {
             // The warm start is a standalone SFT run inside the GRPO run directory.
             let mut sft_cfg = run.cfg.clone();
             sft_cfg.run.output_dir = run.cfg.run_dir();
@@ -218,8 +229,9 @@ pub fn run_train(opts: TrainOptions) -> Result<()> {
                 started.elapsed().as_secs_f64(),
                 dir.display()
             );
+            run.dist.barrier("warm start")?;
         }
         run.cfg.model.adapter = Some(dir);
     }
-    run.train()
+    Ok(())
 }
