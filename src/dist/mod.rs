@@ -59,18 +59,19 @@ pub trait Collective {
     fn name(&self) -> String;
 }
 
-/// Sum tensors over the ranks of `c` through one flat f32 host buffer (one
-/// collective call for all of them).
+/// Sum tensors over the ranks of `c` through one flat host buffer (one collective call
+/// for all of them), in f64: the trainer's gradient sums are f64 so that their total
+/// does not depend on how the terms were split between processes.
 pub fn all_reduce_tensors_on_host<C: Collective + ?Sized>(c: &C, ts: &mut [Tensor]) -> Result<()> {
     let mut flat = Vec::new();
     for t in ts.iter() {
         flat.extend(
             t.flatten_all()?
-                .to_dtype(candle_core::DType::F32)?
-                .to_vec1::<f32>()?,
+                .to_dtype(candle_core::DType::F64)?
+                .to_vec1::<f64>()?,
         );
     }
-    c.all_reduce_sum_f32(&mut flat)?;
+    c.all_reduce_sum_f64(&mut flat)?;
     let mut at = 0;
     for t in ts.iter_mut() {
         let n = t.elem_count();

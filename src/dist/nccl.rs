@@ -178,8 +178,9 @@ impl Collective for Nccl {
         self.all_reduce_host(&mut [0f32])
     }
 
-    /// The gradients stay on the GPU: one contiguous f32 buffer is summed in a single
-    /// NCCL call, then cut back into the tensors' shapes and dtypes.
+    /// The gradients stay on the GPU: one contiguous f64 buffer (see
+    /// [`super::all_reduce_tensors_on_host`] for why f64) is summed in a single NCCL
+    /// call, then cut back into the tensors' shapes and dtypes.
     fn all_reduce_tensors(&self, ts: &mut [Tensor]) -> Result<()> {
         let Some(first) = ts.first() else {
             return Ok(());
@@ -201,14 +202,14 @@ impl Collective for Nccl {
         }
         let flat = ts
             .iter()
-            .map(|t| t.flatten_all()?.to_dtype(DType::F32))
+            .map(|t| t.flatten_all()?.to_dtype(DType::F64))
             .collect::<candle_core::Result<Vec<_>>>()?;
         let flat = Tensor::cat(&flat, 0)?;
         let n = flat.elem_count();
         if n == 0 {
             return Ok(());
         }
-        let mut summed = dev.alloc_zeros::<f32>(n)?;
+        let mut summed = dev.alloc_zeros::<f64>(n)?;
         {
             let (storage, layout) = flat.storage_and_layout();
             let Storage::Cuda(s) = &*storage else {
@@ -217,7 +218,7 @@ impl Collective for Nccl {
             let (start, end) = layout
                 .contiguous_offsets()
                 .context("the concatenated gradients are not contiguous")?;
-            let src = s.as_cuda_slice::<f32>()?.slice(start..end);
+            let src = s.as_cuda_slice::<f64>()?.slice(start..end);
             self.comm
                 .all_reduce(&src, &mut summed, &ReduceOp::Sum)
                 .map_err(|e| nccl_error("gradient all-reduce", &e))?;

@@ -93,9 +93,6 @@ impl Learner<'_> {
             .filter(|&i| every_row || rollouts[i].advantage != 0.0)
             .filter(|&i| !rollouts[i].completion_ids.is_empty())
             .collect();
-        // Every process holds the whole batch, so the rows to train are dealt out
-        // afresh, by tokens, not by who sampled them.
-        let active = balanced_share(&active, rollouts, self.dist.world_size(), self.dist.rank());
         // The micro-batches: row indices into `rollouts`, and with prompt sharing the
         // row ranges (within the micro-batch) of each group. Cut before anything is
         // allocated, so a row too big for the budget is an error, not an OOM kill.
@@ -104,21 +101,44 @@ impl Learner<'_> {
             (None, Some(b)) => b,
             _ => MemoryBudget::resolve(optim.memory_budget_gb, self.model.device()),
         };
-        let plan = plan(
-            rollouts,
-            &active,
-            optim.micro_batch,
-            optim.share_prompt,
-            &mem,
-            &budget,
-        )?;
+        let cut = |rows: &[usize]| {
+            plan(
+                rollouts,
+                rows,
+                optim.micro_batch,
+                optim.share_prompt,
+                &mem,
+                &budget,
+            )
+        };
+        let plan = cut(&active)?;
+        // Every process holds the whole batch, so the work is dealt out afresh, by
+        // tokens, not by who sampled the rows: whole micro-batches of the one-process
+        // plan, each then the very micro-batch one process runs (same rows, shapes and
+        // dropout seed). Cutting them finer would change the float rounding, which
+        // AdamW's first steps amplify; so with fewer micro-batches than processes
+        // (no `micro_batch` cap) some processes have nothing to train.
+        let (w, rank) = (self.dist.world_size(), self.dist.rank());
+        let tokens: Vec<f64> = plan
+            .micro_batches
+            .iter()
+            .map(|mb| mb.rows.iter().map(|&i| row_tokens(&rollouts[i])).sum())
+            .collect();
+        let mine = deal(&tokens, w, rank);
+        let rows_here: usize = plan
+            .micro_batches
+            .iter()
+            .zip(&mine)
+            .filter(|(_, &m)| m)
+            .map(|(mb, _)| mb.rows.len())
+            .sum();
         let mut out = UpdateStats::default();
         for iter in 0..g.num_iterations {
             let mut acc: Option<Vec<Tensor>> = None;
             let mut it_stats = LossStats::default();
             for (mi, mb) in plan.micro_batches.iter().enumerate() {
                 let (idx, groups) = (&mb.rows, &mb.groups);
-                if idx.is_empty() {
+                if idx.is_empty() || !mine[mi] {
                     continue;
                 }
                 let checkpoints = optim.gradient_checkpointing.then(Checkpoints::new);
@@ -189,7 +209,7 @@ impl Learner<'_> {
                     drop((loss_out, lp, ent, reference));
                     ck.backward(self.model, &mut grads)?;
                 }
-                self.opt.accumulate(&mut acc, &grads)?;
+                accumulate_f64(&mut acc, self.opt.grads_from(&grads)?)?;
                 out.trained_tokens += match groups {
                     Some(gr) => shared_tokens(&packed, gr),
                     None => b * packed.width,
@@ -199,12 +219,12 @@ impl Learner<'_> {
                 Some(a) => a,
                 None => self.zero_grads()?,
             };
-            let mut any_active = !active.is_empty();
+            let mut any_active = rows_here > 0;
             if self.dist.is_distributed() {
                 // Sum over the processes: then every one clips and steps identically.
                 self.dist.all_reduce_grads(&mut grads)?;
                 let mut mine = it_stats.to_vec();
-                mine.push(active.len() as f64);
+                mine.push(rows_here as f64);
                 let all = self.dist.all_gather_f64("loss statistics", &mine)?;
                 it_stats = LossStats::default();
                 for v in &all {
@@ -213,6 +233,10 @@ impl Learner<'_> {
                 any_active = all.iter().any(|v| v[LossStats::LEN] > 0.0);
             }
             let loss_ok = it_stats.loss.is_finite() || !any_active;
+            let mut grads = grads
+                .iter()
+                .map(|t| t.to_dtype(DType::F32))
+                .collect::<candle_core::Result<Vec<_>>>()?;
             let norm = clip_grad_norm(&mut grads, optim.max_grad_norm)?;
             let update_idx = step * g.num_iterations + iter;
             out.learning_rate = optim.learning_rate * self.sched.factor(update_idx);
@@ -255,42 +279,56 @@ impl Learner<'_> {
             .vars()
             .map(|(_, v)| {
                 let t = v.as_tensor();
-                Ok(Tensor::zeros(t.shape(), DType::F32, t.device())?)
+                Ok(Tensor::zeros(t.shape(), DType::F64, t.device())?)
             })
             .collect()
     }
 }
 
-/// This process's share of the rows to train, `rank` of `world`: a contiguous run of
-/// `active`, cut so that every share holds about the same number of tokens (each row
-/// goes to the share its middle token falls in). Rows, not whole groups: with few
-/// prompts per process a tied group leaves nothing to train, and its process would
-/// idle; a group split between processes runs its prompt on each (as `share_prompt`
-/// does for a group cut into micro-batches). The same on every process; all of
-/// `active` for one process.
-pub fn balanced_share(
-    active: &[usize],
-    rollouts: &[Rollout],
-    world: usize,
-    rank: usize,
-) -> Vec<usize> {
+/// Add one micro-batch's (f32) gradients to the running sums, kept in f64. A sum of a
+/// few f32 values in f64 is exact, so the total does not depend on the order of the
+/// terms: in a data-parallel run each process sums its own micro-batches and the
+/// all-reduce adds the partial sums in another association than one process would,
+/// and in f32 that rounding, divided by a near-zero gradient's magnitude in AdamW's
+/// first steps, moved weights by up to 1e-4 of the largest one.
+fn accumulate_f64(acc: &mut Option<Vec<Tensor>>, grads: Vec<Tensor>) -> Result<()> {
+    let grads = grads
+        .iter()
+        .map(|g| g.to_dtype(DType::F64))
+        .collect::<candle_core::Result<Vec<_>>>()?;
+    *acc = Some(match acc.take() {
+        None => grads,
+        Some(a) => a
+            .iter()
+            .zip(&grads)
+            .map(|(x, y)| x + y)
+            .collect::<candle_core::Result<Vec<_>>>()?,
+    });
+    Ok(())
+}
+
+/// Tokens a row puts through the training forward.
+fn row_tokens(r: &Rollout) -> f64 {
+    (r.prompt_ids.len() + r.completion_ids.len()) as f64
+}
+
+/// Which of a sequence of work items (by cost) are process `rank`'s of `world`: a
+/// contiguous run, each item going to the share its middle falls in, so that shares
+/// hold about equal cost. The same on every process; every item for one process.
+pub fn deal(costs: &[f64], world: usize, rank: usize) -> Vec<bool> {
     if world <= 1 {
-        return active.to_vec();
+        return vec![true; costs.len()];
     }
-    let tokens =
-        |i: usize| (rollouts[i].prompt_ids.len() + rollouts[i].completion_ids.len()) as f64;
-    let total: f64 = active.iter().map(|&i| tokens(i)).sum();
+    let total: f64 = costs.iter().sum();
     let mut before = 0.0;
-    let mut mine = Vec::new();
-    for &i in active {
-        let t = tokens(i);
-        let owner = (((before + t / 2.0) / total.max(1.0)) * world as f64) as usize;
-        if owner.min(world - 1) == rank {
-            mine.push(i);
-        }
-        before += t;
-    }
-    mine
+    costs
+        .iter()
+        .map(|&c| {
+            let owner = (((before + c / 2.0) / total.max(1e-12)) * world as f64) as usize;
+            before += c;
+            owner.min(world - 1) == rank
+        })
+        .collect()
 }
 
 /// Per-token log-probs `[B, comp_len]` (f32) of a packed micro-batch's completion
@@ -511,45 +549,28 @@ fn shared(
 mod tests {
     use super::*;
 
-    fn row(group: usize, tokens: usize) -> Rollout {
-        Rollout {
-            group,
-            prompt_ids: vec![1; 2],
-            completion_ids: vec![2; tokens - 2],
-            env_mask: vec![1.0; tokens - 2],
-            truncated: false,
-            text: String::new(),
-            reward: Default::default(),
-            scalar: 0.0,
-            advantage: 1.0,
-            old_logp: None,
-            sampler_logp: None,
-        }
-    }
-
     #[test]
-    fn rows_are_dealt_out_in_order_by_tokens() {
-        // Groups 0..4 of 4 rows; group 1 tied (no rows to train), group 3 long.
-        let lens = [10, 10, 10, 30];
-        let rollouts: Vec<Rollout> = (0..16).map(|i| row(i / 4, lens[i / 4])).collect();
-        let active: Vec<usize> = (0..16).filter(|i| i / 4 != 1).collect();
-        assert_eq!(balanced_share(&active, &rollouts, 1, 0), active);
-        let a = balanced_share(&active, &rollouts, 2, 0);
-        let b = balanced_share(&active, &rollouts, 2, 1);
-        // 200 tokens: groups 0 and 2 (80) and the first long row (30) are the first
-        // 110 (its middle token, 95, is in the first half); the rest, 90, the second.
-        assert_eq!(a, vec![0, 1, 2, 3, 8, 9, 10, 11, 12]);
-        assert_eq!(b, vec![13, 14, 15]);
-        // One group left with a gradient: both processes train half of it.
-        let one: Vec<usize> = (12..16).collect();
-        assert_eq!(balanced_share(&one, &rollouts, 2, 0), vec![12, 13]);
-        assert_eq!(balanced_share(&one, &rollouts, 2, 1), vec![14, 15]);
-        // Any number of processes: each row exactly once, in order.
+    fn work_is_dealt_out_in_order_by_cost() {
+        let costs = [40.0, 40.0, 30.0, 30.0, 30.0, 30.0];
+        assert_eq!(deal(&costs, 1, 0), vec![true; 6]);
+        // 200 in all: 40 + 40 + 30 (middle at 95) is the first half.
+        let a = deal(&costs, 2, 0);
+        let b = deal(&costs, 2, 1);
+        assert_eq!(a, vec![true, true, true, false, false, false]);
+        assert_eq!(b, vec![false, false, false, true, true, true]);
+        // Any number of processes: each item exactly once, in contiguous runs.
         for w in [3, 8, 20] {
-            let all: Vec<usize> = (0..w)
-                .flat_map(|r| balanced_share(&active, &rollouts, w, r))
+            let owners: Vec<usize> = (0..costs.len())
+                .map(|i| {
+                    let who: Vec<usize> = (0..w).filter(|&r| deal(&costs, w, r)[i]).collect();
+                    assert_eq!(who.len(), 1, "item {i} with {w} processes: {who:?}");
+                    who[0]
+                })
                 .collect();
-            assert_eq!(all, active);
+            assert!(owners.windows(2).all(|p| p[0] <= p[1]), "{owners:?}");
         }
+        // Fewer items than processes: some get none.
+        assert_eq!(deal(&[5.0], 2, 0), vec![false]);
+        assert_eq!(deal(&[5.0], 2, 1), vec![true]);
     }
 }
