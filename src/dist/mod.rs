@@ -177,11 +177,6 @@ impl Dist {
         self.inner.name()
     }
 
-    /// Seconds spent in collectives so far.
-    pub fn comm_secs(&self) -> f64 {
-        self.spent.borrow().values().flatten().sum()
-    }
-
     /// Where the time in collectives went, over every rank (a collective itself, so
     /// every rank calls it): per collective, its calls, the sum over calls of the
     /// shortest rank's time (about the transfer alone: that rank arrived last and
@@ -451,7 +446,6 @@ mod tests {
         assert!(d.any("x", true).unwrap());
         assert!(!d.any("x", false).unwrap());
         assert_eq!(d.block(7), 0..7);
-        assert_eq!(d.comm_secs(), 0.0);
     }
 
     #[test]

@@ -62,7 +62,7 @@ pub struct Learner<'a> {
     /// [`Trainer`]: super::trainer::Trainer
     pub budget: Option<MemoryBudget>,
     /// The processes of a data-parallel run ([`Dist::single`] otherwise): each trains
-    /// its share of the batch's rows ([`balanced_share`]); the gradients and loss
+    /// its share of the batch's micro-batches ([`deal`]); the gradients and loss
     /// statistics are summed over all of them before clipping.
     pub dist: &'a Dist,
 }
@@ -101,17 +101,14 @@ impl Learner<'_> {
             (None, Some(b)) => b,
             _ => MemoryBudget::resolve(optim.memory_budget_gb, self.model.device()),
         };
-        let cut = |rows: &[usize]| {
-            plan(
-                rollouts,
-                rows,
-                optim.micro_batch,
-                optim.share_prompt,
-                &mem,
-                &budget,
-            )
-        };
-        let plan = cut(&active)?;
+        let plan = plan(
+            rollouts,
+            &active,
+            optim.micro_batch,
+            optim.share_prompt,
+            &mem,
+            &budget,
+        )?;
         // Every process holds the whole batch, so the work is dealt out afresh, by
         // tokens, not by who sampled the rows: whole micro-batches of the one-process
         // plan, each then the very micro-batch one process runs (same rows, shapes and
@@ -223,9 +220,9 @@ impl Learner<'_> {
             if self.dist.is_distributed() {
                 // Sum over the processes: then every one clips and steps identically.
                 self.dist.all_reduce_grads(&mut grads)?;
-                let mut mine = it_stats.to_vec();
-                mine.push(rows_here as f64);
-                let all = self.dist.all_gather_f64("loss statistics", &mine)?;
+                let mut stats = it_stats.to_vec();
+                stats.push(rows_here as f64);
+                let all = self.dist.all_gather_f64("loss statistics", &stats)?;
                 it_stats = LossStats::default();
                 for v in &all {
                     it_stats.merge(&LossStats::from_slice(&v[..LossStats::LEN])?);
