@@ -285,15 +285,29 @@ fn same_as_one_process(np: usize, grpo: &str, optim: &str, name: &str) {
 
 /// [`same_as_one_process`] with `env` added to the `[env]` section.
 fn same_as_one_process_with(np: usize, grpo: &str, optim: &str, env: &str, name: &str) {
-    let Some(bin) = mpi_concord() else { return };
+    let add_env = |text: String| {
+        text.replace(
+            "name = \"ticketmelt\"\n",
+            &format!("name = \"ticketmelt\"\n{env}\n"),
+        )
+    };
+    same_as_one_process_edited(np, grpo, optim, add_env, name);
+}
+
+/// [`same_as_one_process`] with the config text passed through `edit`; returns the
+/// directory holding both runs (`{name}-one`, `{name}-np{np}`), or None where skipped.
+fn same_as_one_process_edited(
+    np: usize,
+    grpo: &str,
+    optim: &str,
+    edit: impl Fn(String) -> String,
+    name: &str,
+) -> Option<tempfile::TempDir> {
+    let bin = mpi_concord()?;
     let dir = tempfile::tempdir().unwrap();
     let make = |run: &str| {
         let path = config(dir.path(), run, grpo, optim, 3);
-        let text = std::fs::read_to_string(&path).unwrap();
-        let text = text.replace(
-            "name = \"ticketmelt\"\n",
-            &format!("name = \"ticketmelt\"\n{env}\n"),
-        );
+        let text = edit(std::fs::read_to_string(&path).unwrap());
         std::fs::write(&path, text).unwrap();
         path
     };
@@ -319,6 +333,7 @@ fn same_as_one_process_with(np: usize, grpo: &str, optim: &str, env: &str, name:
         &dir.path().join(format!("{name}-np{np}")),
         &format!("{name}, {np} processes"),
     );
+    Some(dir)
 }
 
 // Every loss type, each with micro-batches of 4 rows (the processes' 8 and 4 rows are
@@ -375,6 +390,47 @@ fn episode_mode() {
     // the prompt's index in the step.
     let env = "mode = \"episode\"\nmax_turn_tokens = 12";
     same_as_one_process_with(2, "loss_type = \"dapo\"", "", env, "episode");
+}
+
+#[test]
+fn lora_dropout_entropy_mask_and_entropy_bonus() {
+    // All three are drawn or normalised per micro-batch: dropout masks from the
+    // micro-batch's seed, the top-entropy quantile over its tokens, the bonus over its
+    // mean. The ranks run the one-process micro-batches with their indices, so the run
+    // must still match. The SFT adapter was trained without dropout; a copy whose
+    // adapter_config.json says 0.1 carries dropout into this run.
+    let (_, sft) = sft_adapter();
+    let dir = tempfile::tempdir().unwrap();
+    let adapter = dir.path().join("sft-dropout");
+    std::fs::create_dir(&adapter).unwrap();
+    for f in ["adapter_model.safetensors", "adapter_config.json"] {
+        std::fs::copy(sft.join(f), adapter.join(f)).unwrap();
+    }
+    let cfg_path = adapter.join("adapter_config.json");
+    let mut cfg: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&cfg_path).unwrap()).unwrap();
+    assert_eq!(cfg["lora_dropout"], 0.0, "the SFT adapter's own dropout");
+    cfg["lora_dropout"] = 0.1.into();
+    std::fs::write(&cfg_path, cfg.to_string()).unwrap();
+    let from = format!("adapter = \"{}\"", sft.display());
+    let to = format!("adapter = \"{}\"", adapter.display());
+    let grpo = "loss_type = \"dapo\"\ntop_entropy_quantile = 0.5\nentropy_coef = 0.01";
+    let Some(runs) = same_as_one_process_edited(
+        2,
+        grpo,
+        "micro_batch = 4",
+        |text| {
+            assert!(text.contains(&from));
+            text.replace(&from, &to)
+        },
+        "dropout",
+    ) else {
+        return;
+    };
+    // The trained adapter records the dropout it was trained with.
+    let written = std::fs::read_to_string(runs.path().join("dropout-np2/adapter_config.json"));
+    let written: serde_json::Value = serde_json::from_str(&written.unwrap()).unwrap();
+    assert_eq!(written["lora_dropout"], 0.1);
 }
 
 #[test]
