@@ -5,6 +5,7 @@
 //! GRPO end to end through the smoke configs.
 use candle_core::{DType, Device, Tensor, Var};
 use concord::config::{Config, EnvConfig, EnvMode, ImportanceSamplingLevel, LossType};
+use concord::dist::Dist;
 use concord::envs::{self, EnvFactory, Options};
 use concord::grpo::batch::collect;
 use concord::grpo::loss::{grpo_loss, LossInputs, LossParams, LossScale};
@@ -210,7 +211,7 @@ fn collected_rollouts_pack_to_the_sampled_ids_and_logprobs() {
         ..Default::default()
     };
     g.temperature = 1.0;
-    let batch = collect(&model, &tok, &mut t, &g, 3, true).unwrap();
+    let batch = collect(&model, &tok, &mut t, &g, 3, true, &Dist::single()).unwrap();
     assert_eq!(batch.rollouts.len(), 2);
     assert_eq!(batch.turns.len(), 2);
     for r in &batch.rollouts {
@@ -520,7 +521,7 @@ fn merge_ring_trains_in_episode_mode_too() {
         max_completion_length: 1200,
         ..Default::default()
     };
-    let batch = collect(&model, &tok, &mut t, &g, 8, true).unwrap();
+    let batch = collect(&model, &tok, &mut t, &g, 8, true, &Dist::single()).unwrap();
     assert!(batch.rollouts.len() >= 2);
     assert!(batch.turns.iter().all(|&n| n >= 1));
     for r in &batch.rollouts {

@@ -55,6 +55,14 @@ impl Mpi {
             library,
         })
     }
+
+    fn all_reduce_sum<T: Equivalence + Copy>(&self, buf: &mut [T]) {
+        for piece in buf.chunks_mut(PIECE) {
+            let send = piece.to_vec();
+            self.world
+                .all_reduce_into(&send[..], piece, SystemOperation::sum());
+        }
+    }
 }
 
 impl Collective for Mpi {
@@ -67,20 +75,12 @@ impl Collective for Mpi {
     }
 
     fn all_reduce_sum_f64(&self, buf: &mut [f64]) -> Result<()> {
-        for piece in buf.chunks_mut(PIECE) {
-            let send = piece.to_vec();
-            self.world
-                .all_reduce_into(&send[..], piece, SystemOperation::sum());
-        }
+        self.all_reduce_sum(buf);
         Ok(())
     }
 
     fn all_reduce_sum_f32(&self, buf: &mut [f32]) -> Result<()> {
-        for piece in buf.chunks_mut(PIECE) {
-            let send = piece.to_vec();
-            self.world
-                .all_reduce_into(&send[..], piece, SystemOperation::sum());
-        }
+        self.all_reduce_sum(buf);
         Ok(())
     }
 

@@ -25,7 +25,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use candle_core::cuda::cudarc;
 use candle_core::op::BackpropOp;
 use candle_core::{CudaDevice, CudaStorage, DType, Device, DeviceLocation, Storage, Tensor};
-use cudarc::driver::{CudaStream, DeviceRepr};
+use cudarc::driver::{CudaSlice, CudaStream, DeviceRepr};
 use cudarc::nccl::result::NcclError;
 use cudarc::nccl::{Comm, Id, NcclType, ReduceOp};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -115,6 +115,20 @@ impl Nccl {
 
     /// Sum a host buffer over the ranks through a device copy.
     fn all_reduce_host<T: NcclType + DeviceRepr>(&self, buf: &mut [T]) -> Result<()> {
+        self.through_device(buf, |d| {
+            self.comm
+                .all_reduce_in_place(d, &ReduceOp::Sum)
+                .map(drop)
+                .map_err(|e| nccl_error("all-reduce", &e))
+        })
+    }
+
+    /// Run a collective on a device copy of a host buffer and copy the result back.
+    fn through_device<T: NcclType + DeviceRepr>(
+        &self,
+        buf: &mut [T],
+        collective: impl FnOnce(&mut CudaSlice<T>) -> Result<()>,
+    ) -> Result<()> {
         // Every rank passes the same length: all of them skip, or none.
         if buf.is_empty() {
             return Ok(());
@@ -123,9 +137,7 @@ impl Nccl {
             .stream
             .clone_htod(&*buf)
             .context("copying to the GPU")?;
-        self.comm
-            .all_reduce_in_place(&mut d, &ReduceOp::Sum)
-            .map_err(|e| nccl_error("all-reduce", &e))?;
+        collective(&mut d)?;
         self.stream
             .memcpy_dtoh(&d, buf)
             .context("copying from the GPU")?;
@@ -158,20 +170,12 @@ impl Collective for Nccl {
     }
 
     fn broadcast(&self, root: usize, buf: &mut [u8]) -> Result<()> {
-        if buf.is_empty() {
-            return Ok(());
-        }
-        let mut d = self
-            .stream
-            .clone_htod(&*buf)
-            .context("copying to the GPU")?;
-        self.comm
-            .broadcast_in_place(&mut d, root as i32)
-            .map_err(|e| nccl_error(&format!("broadcast from rank {root}"), &e))?;
-        self.stream
-            .memcpy_dtoh(&d, buf)
-            .context("copying from the GPU")?;
-        self.wait()
+        self.through_device(buf, |d| {
+            self.comm
+                .broadcast_in_place(d, root as i32)
+                .map(drop)
+                .map_err(|e| nccl_error(&format!("broadcast from rank {root}"), &e))
+        })
     }
 
     fn barrier(&self) -> Result<()> {

@@ -302,22 +302,11 @@ fn draw_episodes(
 }
 
 /// Sample and score one step's batch. `seed` is the step's seed; `first_step` checks
-/// `reward_weights` against the components the task actually produces.
+/// `reward_weights` against the components the task actually produces. In a
+/// data-parallel run this process samples and scores its share of the prompts, and the
+/// returned batch holds every process's groups, so whatever is computed from the batch
+/// is the same on every process and as in one process (`&Dist::single()` otherwise).
 pub fn collect(
-    model: &Qwen2,
-    renderer: &dyn Renderer,
-    task: &mut dyn Task,
-    g: &GrpoConfig,
-    seed: u64,
-    first_step: bool,
-) -> Result<Batch> {
-    collect_on(model, renderer, task, g, seed, first_step, &Dist::single())
-}
-
-/// [`collect`] in a data-parallel run: this process samples and scores its share of
-/// the prompts, and the returned batch holds every process's groups, so whatever is
-/// computed from the batch is the same on every process and as in one process.
-pub fn collect_on(
     model: &Qwen2,
     renderer: &dyn Renderer,
     task: &mut dyn Task,

@@ -23,7 +23,7 @@
 //! Determinism: the prompts, sampling RNG streams and dropout masks of step `s` are
 //! pure functions of `(run.seed, s)`, so a resumed run (adapter + optimizer state
 //! restored from `checkpoint-S/`) writes the same later rows as an uninterrupted one.
-use super::batch::{collect_on, Batch};
+use super::batch::{collect, Batch};
 use super::metrics;
 use super::optim::{AdamW, AdamWParams, LrSchedule};
 use super::update::{Learner, UpdateStats};
@@ -347,7 +347,7 @@ impl Trainer {
         self.model.set_adapter_enabled(true);
         let first_step = self.state.step == 0 || self.state.csv_header.is_empty();
         let st = &mut self.stages[stage];
-        collect_on(
+        collect(
             &self.model,
             self.renderer.as_ref(),
             st.task.as_mut(),

@@ -162,8 +162,15 @@ pub fn rejection_examples(
             prompts_per_step: want,
             ..g.clone()
         };
-        let batch =
-            crate::grpo::batch::collect(model, renderer, task, &gr, mix(seed, round), false)?;
+        let batch = crate::grpo::batch::collect(
+            model,
+            renderer,
+            task,
+            &gr,
+            mix(seed, round),
+            false,
+            &crate::dist::Dist::single(),
+        )?;
         drawn += want;
         round += 1;
         for r in batch.rollouts {
