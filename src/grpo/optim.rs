@@ -104,9 +104,19 @@ impl AdamW {
             .collect()
     }
 
-    /// Add a backward pass's gradients into `acc` (gradient accumulation).
+    /// Add a backward pass's gradients into `acc` (gradient accumulation), kept in f64
+    /// ([`summed`] turns the sums back into the f32 gradients [`Self::step`] takes). A
+    /// sum of a few f32 values in f64 is exact, so the total does not depend on the
+    /// order of the terms: in a data-parallel run each process sums its own micro-batches
+    /// and the all-reduce adds the partial sums in another association than one process
+    /// would, and in f32 that rounding, divided by a near-zero gradient's magnitude in
+    /// AdamW's first steps, moved weights by up to 1e-4 of the largest one.
     pub fn accumulate(&self, acc: &mut Option<Vec<Tensor>>, store: &GradStore) -> Result<()> {
-        let g = self.grads_from(store)?;
+        let g = self
+            .grads_from(store)?
+            .iter()
+            .map(|g| g.to_dtype(DType::F64))
+            .collect::<candle_core::Result<Vec<_>>>()?;
         *acc = Some(match acc.take() {
             None => g,
             Some(a) => a
@@ -247,6 +257,15 @@ pub fn global_norm(grads: &[Tensor]) -> Result<f64> {
             .to_scalar::<f64>()?;
     }
     Ok(sq.sqrt())
+}
+
+/// Accumulated gradient sums (see [`AdamW::accumulate`]) as the f32 gradients that
+/// [`clip_grad_norm`] and [`AdamW::step`] take.
+pub fn summed(acc: &[Tensor]) -> Result<Vec<Tensor>> {
+    Ok(acc
+        .iter()
+        .map(|t| t.to_dtype(DType::F32))
+        .collect::<candle_core::Result<Vec<_>>>()?)
 }
 
 /// torch's `clip_grad_norm_`: scale by `max_norm / (norm + 1e-6)` when that is < 1.

@@ -20,7 +20,7 @@
 //! backward: the same gradients up to float rounding, for about one more forward.
 use super::batch::Batch;
 use super::loss::{grpo_loss, LossInputs, LossParams, LossScale, LossStats};
-use super::optim::{clip_grad_norm, AdamW, LrSchedule};
+use super::optim::{clip_grad_norm, summed, AdamW, LrSchedule};
 use super::pack::{pack, Packed, Rollout};
 use super::plan::{plan, Plan};
 use crate::config::{GrpoConfig, OptimConfig};
@@ -206,7 +206,7 @@ impl Learner<'_> {
                     drop((loss_out, lp, ent, reference));
                     ck.backward(self.model, &mut grads)?;
                 }
-                accumulate_f64(&mut acc, self.opt.grads_from(&grads)?)?;
+                self.opt.accumulate(&mut acc, &grads)?;
                 out.trained_tokens += match groups {
                     Some(gr) => shared_tokens(&packed, gr),
                     None => b * packed.width,
@@ -230,10 +230,7 @@ impl Learner<'_> {
                 any_active = all.iter().any(|v| v[LossStats::LEN] > 0.0);
             }
             let loss_ok = it_stats.loss.is_finite() || !any_active;
-            let mut grads = grads
-                .iter()
-                .map(|t| t.to_dtype(DType::F32))
-                .collect::<candle_core::Result<Vec<_>>>()?;
+            let mut grads = summed(&grads)?;
             let norm = clip_grad_norm(&mut grads, optim.max_grad_norm)?;
             let update_idx = step * g.num_iterations + iter;
             out.learning_rate = optim.learning_rate * self.sched.factor(update_idx);
@@ -280,28 +277,6 @@ impl Learner<'_> {
             })
             .collect()
     }
-}
-
-/// Add one micro-batch's (f32) gradients to the running sums, kept in f64. A sum of a
-/// few f32 values in f64 is exact, so the total does not depend on the order of the
-/// terms: in a data-parallel run each process sums its own micro-batches and the
-/// all-reduce adds the partial sums in another association than one process would,
-/// and in f32 that rounding, divided by a near-zero gradient's magnitude in AdamW's
-/// first steps, moved weights by up to 1e-4 of the largest one.
-fn accumulate_f64(acc: &mut Option<Vec<Tensor>>, grads: Vec<Tensor>) -> Result<()> {
-    let grads = grads
-        .iter()
-        .map(|g| g.to_dtype(DType::F64))
-        .collect::<candle_core::Result<Vec<_>>>()?;
-    *acc = Some(match acc.take() {
-        None => grads,
-        Some(a) => a
-            .iter()
-            .zip(&grads)
-            .map(|(x, y)| x + y)
-            .collect::<candle_core::Result<Vec<_>>>()?,
-    });
-    Ok(())
 }
 
 /// Tokens a row puts through the training forward.

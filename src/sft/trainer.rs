@@ -11,7 +11,7 @@
 use super::data::Example;
 use super::loss::{sft_loss, token_hits};
 use crate::config::{Config, OptimConfig};
-use crate::grpo::optim::{clip_grad_norm, AdamW, AdamWParams, LrSchedule};
+use crate::grpo::optim::{clip_grad_norm, summed, AdamW, AdamWParams, LrSchedule};
 use crate::grpo::pack::{pack, Packed, Rollout};
 use crate::grpo::plan::plan;
 use crate::model::budget::{MemoryBudget, TrainMemory};
@@ -209,9 +209,10 @@ impl<'m> SftTrainer<'m> {
             hits += h;
             self.opt.accumulate(&mut acc, &l.backward()?)?;
         }
-        let Some(mut grads) = acc else {
+        let Some(acc) = acc else {
             bail!("step {}: an empty batch", step + 1);
         };
+        let mut grads = summed(&acc)?;
         let norm = clip_grad_norm(&mut grads, self.optim.max_grad_norm)?;
         let lr = self.optim.learning_rate * self.sched.factor(step);
         let skipped = !loss.is_finite() || !norm.is_finite();
