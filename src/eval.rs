@@ -8,7 +8,9 @@
 //! the same episodes with the same random numbers.
 use crate::config::Config;
 use crate::envs::rollout::{self, Policy, Turn};
-use crate::envs::{self, wilson_ci, EnvFactory, Environment};
+use crate::envs::{
+    self, wilson_ci, BehaviourSummary, DecisionRecord, EnvFactory, Environment, Recorder,
+};
 use crate::model::qwen2::Qwen2;
 use crate::rng::mix_seeds as mix;
 use crate::sample::{self, GroupRequest, SamplingParams};
@@ -83,6 +85,11 @@ pub struct Outcomes {
     pub rewards: Vec<f64>,
     pub wins: Vec<bool>,
     pub components: Vec<BTreeMap<String, f64>>,
+    /// Every decision of the policy seats, where the environment has the behaviour
+    /// capability (see [`envs::behaviour`]).
+    pub decisions: Vec<DecisionRecord>,
+    /// Their summary.
+    pub behaviour: Option<BehaviourSummary>,
 }
 
 /// Mean, and a 95% normal-approximation interval of the mean (`mean ± 1.96 s/√n`,
@@ -128,6 +135,7 @@ impl Outcomes {
             },
             win_ci95: wilson_ci(wins, n),
             components,
+            behaviour: self.behaviour.clone(),
         }
     }
 }
@@ -193,20 +201,36 @@ pub fn play(
     params: &SamplingParams,
     batch: usize,
 ) -> Result<Outcomes> {
-    let mut eps: Vec<Box<dyn Environment>> = (first_seed..first_seed + episodes as u64)
-        .map(|i| factory.reset(envs::eval_seed(i)))
-        .collect();
-    let mut policy = ModelPolicy {
+    let policy = ModelPolicy {
         model,
         renderer,
         params,
         batch,
     };
+    play_policy(factory, episodes, first_seed, policy)
+}
+
+/// [`play`] with any action source: the held-out episodes, the decisions recorded for
+/// the behaviour report, and each policy seat's outcome.
+pub fn play_policy(
+    factory: &dyn EnvFactory,
+    episodes: usize,
+    first_seed: u64,
+    policy: impl Policy,
+) -> Result<Outcomes> {
+    let end = first_seed
+        .checked_add(episodes as u64)
+        .filter(|&e| e <= envs::HELD_OUT_BIT)
+        .context("--first-seed + --episodes runs past the held-out seeds (2^63)")?;
+    let mut eps: Vec<Box<dyn Environment>> = (first_seed..end)
+        .map(|i| factory.reset(envs::eval_seed(i)))
+        .collect();
+    let mut recorder = Recorder::new(Progress::new(policy, episodes));
     let mut refs: Vec<&mut dyn Environment> = eps
         .iter_mut()
         .map(|e| -> &mut dyn Environment { e.as_mut() })
         .collect();
-    rollout::play(&mut refs, &mut policy, MAX_EVAL_ROUNDS)?;
+    rollout::play(&mut refs, &mut recorder, MAX_EVAL_ROUNDS)?;
     drop(refs);
     if let Some(e) = eps.iter().find(|e| !e.done()) {
         bail!(
@@ -226,13 +250,59 @@ pub fn play(
             out.components.push(r.components);
         }
     }
+    let fresh = factory.reset(envs::eval_seed(first_seed));
+    if let Some(b) = fresh.as_behaviour() {
+        out.behaviour =
+            BehaviourSummary::from_records(b.reference_policy(), &b.actions(), &recorder.records);
+    }
+    out.decisions = recorder.records;
     Ok(out)
+}
+
+/// Prints a line per round on stderr (so a long evaluation under `nohup` shows where
+/// it is), then asks the policy.
+struct Progress<P> {
+    inner: P,
+    episodes: usize,
+    start: std::time::Instant,
+}
+
+impl<P> Progress<P> {
+    fn new(inner: P, episodes: usize) -> Self {
+        Progress {
+            inner,
+            episodes,
+            start: std::time::Instant::now(),
+        }
+    }
+}
+
+impl<P: Policy> Policy for Progress<P> {
+    fn act(
+        &mut self,
+        episodes: &mut [&mut dyn Environment],
+        turns: &[Turn],
+    ) -> Result<Vec<String>> {
+        let open = episodes.iter().filter(|e| !e.done()).count();
+        if let Some(t) = turns.first() {
+            eprintln!(
+                "  round {}: {} turns, {open} of {} episodes open, {:.0} s",
+                t.round + 1,
+                turns.len(),
+                self.episodes,
+                self.start.elapsed().as_secs_f64()
+            );
+        }
+        self.inner.act(episodes, turns)
+    }
 }
 
 /// Rounds after which an evaluated episode is taken to be stuck.
 const MAX_EVAL_ROUNDS: u64 = 100_000;
 
-fn sampling(cfg: &Config, greedy: bool, stop_ids: Vec<u32>) -> Result<SamplingParams> {
+/// The sampling parameters of an evaluation: the last stage's (its overrides applied),
+/// or greedy decoding.
+pub fn sampling(cfg: &Config, greedy: bool, stop_ids: Vec<u32>) -> Result<SamplingParams> {
     // The last stage's sampling keys (its overrides applied).
     let g = match cfg.stages.last() {
         Some(s) => crate::config::stage::resolve_config(cfg, s)?.grpo,
@@ -325,6 +395,7 @@ pub fn run_eval(args: EvalOptions) -> Result<()> {
             report.models.insert(key, m);
         }
     }
+    let mut decisions: Vec<serde_json::Value> = Vec::new();
     for (label, dir) in labels {
         match dir {
             Some(d) => model
@@ -347,6 +418,9 @@ pub fn run_eval(args: EvalOptions) -> Result<()> {
                 args.batch,
             )?;
             per_env.insert(name.clone(), o.summarise());
+            for d in &o.decisions {
+                decisions.push(serde_json::json!({"model": label, "env": name, "decision": d}));
+            }
         }
         report.models.insert(
             label.to_string(),
@@ -362,16 +436,96 @@ pub fn run_eval(args: EvalOptions) -> Result<()> {
         .or_else(|| adapter.as_ref().map(|a| a.join(EVAL_JSON)));
     if let Some(p) = &out {
         report.write(p)?;
+        if !decisions.is_empty() {
+            write_decisions(&p.with_file_name(DECISIONS_JSONL), &decisions)?;
+        }
     }
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
         print!("{}", table(&report));
+        print!("{}", behaviour_table(&report));
         if let Some(p) = &out {
             println!("wrote {}", p.display());
         }
     }
     Ok(())
+}
+
+/// Every decision of an evaluation, one JSON object a line (`model`, `env`,
+/// `decision`), written beside its eval.json.
+pub const DECISIONS_JSONL: &str = "eval_decisions.jsonl";
+
+fn write_decisions(path: &Path, rows: &[serde_json::Value]) -> Result<()> {
+    let mut text = String::new();
+    for r in rows {
+        text.push_str(&serde_json::to_string(r)?);
+        text.push('\n');
+    }
+    crate::atomic::atomic_write_bytes(path, text.as_bytes())
+}
+
+/// The behaviour block (markdown): per environment, each model's agreement with the
+/// reference, the best constant's, the mutual information, and its action shares per
+/// situation.
+pub fn behaviour_table(r: &EvalReport) -> String {
+    let mut s = String::new();
+    let mut envs: Vec<&String> = r.models.values().flat_map(|m| m.envs.keys()).collect();
+    envs.sort();
+    envs.dedup();
+    for env in envs {
+        let rows: Vec<(&String, &BehaviourSummary)> = r
+            .models
+            .iter()
+            .filter_map(|(l, m)| m.envs.get(env.as_str())?.behaviour.as_ref().map(|b| (l, b)))
+            .collect();
+        let Some((_, first)) = rows.first() else {
+            continue;
+        };
+        s.push_str(&format!(
+            "\n{env}: behaviour against the `{}` policy\n\n| model | decisions | agreement | \
+             best constant | I(situation; action) bits |\n|---|---|---|---|---|\n",
+            first.reference_policy
+        ));
+        for (l, b) in &rows {
+            s.push_str(&format!(
+                "| {} | {} | {} | {:.3} ({}) | {:.3} (reference {:.3}) |\n",
+                display_label(r, l),
+                b.decisions,
+                fmt_ci(b.agreement, b.agreement_ci95),
+                b.best_constant.agreement,
+                b.best_constant.action,
+                b.mutual_information_bits,
+                b.reference_mutual_information_bits
+            ));
+        }
+        s.push_str("\n| situation | model | decisions | actions | reference | agreement |\n|---|---|---|---|---|---|\n");
+        let shares = |m: &BTreeMap<String, usize>, n: usize| -> String {
+            m.iter()
+                .map(|(a, c)| format!("{a} {:.2}", *c as f64 / n.max(1) as f64))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let mut situations: Vec<&String> =
+            rows.iter().flat_map(|(_, b)| b.situations.keys()).collect();
+        situations.sort();
+        situations.dedup();
+        for sit in situations {
+            for (l, b) in &rows {
+                if let Some(x) = b.situations.get(sit.as_str()) {
+                    s.push_str(&format!(
+                        "| {sit} | {} | {} | {} | {} | {:.3} |\n",
+                        display_label(r, l),
+                        x.decisions,
+                        shares(&x.actions, x.decisions),
+                        shares(&x.reference, x.decisions),
+                        x.agreement
+                    ));
+                }
+            }
+        }
+    }
+    s
 }
 
 /// One row of the table: the value (and its interval, if any) of an environment's result.
@@ -465,6 +619,112 @@ pub fn table(r: &EvalReport) -> String {
 mod tests {
     use super::*;
 
+    /// A scripted policy of the environment in every policy seat.
+    struct Scripted(&'static str);
+    impl Policy for Scripted {
+        fn act(
+            &mut self,
+            episodes: &mut [&mut dyn Environment],
+            turns: &[Turn],
+        ) -> Result<Vec<String>> {
+            turns
+                .iter()
+                .map(|t| episodes[t.episode].policy_action(self.0, t.seat))
+                .collect()
+        }
+    }
+
+    fn behaviour_of(env: &str, opts: &[(&str, &str)], policy: &'static str) -> Outcomes {
+        let mut o = envs::Options::new();
+        for (k, v) in opts {
+            o.insert(k.to_string(), (*v).into());
+        }
+        let f = envs::create(env, &o).unwrap();
+        play_policy(f.as_ref(), 60, 0, Scripted(policy)).unwrap()
+    }
+
+    #[test]
+    fn behaviour_report_of_the_reference_and_of_constants() {
+        let cases = [
+            ("ticketmelt", vec![], ["always_a", "always_monitor"]),
+            (
+                "ticketmelt",
+                vec![("prompt", "compact")],
+                ["always_b", "always_a"],
+            ),
+            ("merge_ring", vec![], ["always_bypass", "always_early"]),
+            (
+                "merge_ring",
+                vec![("regime", "switching")],
+                ["always_early", "always_bypass"],
+            ),
+        ];
+        for (env, opts, constants) in cases {
+            let reference = behaviour_of(env, &opts, "heuristic");
+            let b = reference.behaviour.clone().unwrap();
+            assert_eq!(b.agreement, 1.0, "{env}: the reference agrees with itself");
+            assert!(b.mutual_information_bits > 0.3, "{env}: {b:?}");
+            assert!(b.best_constant.agreement < 0.9, "{env}: {b:?}");
+            assert!(b.situations.len() >= 4, "{env}: {:?}", b.situations.keys());
+            for c in constants {
+                let o = behaviour_of(env, &opts, c);
+                let b = o.behaviour.unwrap();
+                assert_eq!(b.mutual_information_bits, 0.0, "{env} {c}");
+                assert_eq!(b.actions.len(), 1, "{env} {c}: {:?}", b.actions);
+                // Agreement is the share of decisions whose reference accepts the action.
+                let action = b.actions.keys().next().unwrap().clone();
+                let share = o
+                    .decisions
+                    .iter()
+                    .filter(|d| d.reference.contains(&action))
+                    .count() as f64
+                    / o.decisions.len() as f64;
+                assert_eq!(b.agreement, share, "{env} {c}");
+                assert!(b.agreement <= b.best_constant.agreement, "{env} {c}");
+            }
+            // Deterministic per seed.
+            assert_eq!(behaviour_of(env, &opts, "heuristic"), reference, "{env}");
+        }
+    }
+
+    #[test]
+    fn behaviour_table_names_agreement_and_situations() {
+        let o = behaviour_of("ticketmelt", &[], "always_a");
+        let mut report = EvalReport {
+            config: "c.toml".into(),
+            episodes: 60,
+            greedy: false,
+            first_seed: 0,
+            sampling: None,
+            models: BTreeMap::new(),
+        };
+        let mut envs = BTreeMap::new();
+        envs.insert("ticketmelt".to_string(), o.summarise());
+        report.models.insert(
+            "adapter".into(),
+            ModelEval {
+                adapter: None,
+                envs,
+            },
+        );
+        let t = behaviour_table(&report);
+        assert!(
+            t.contains("behaviour against the `heuristic` policy"),
+            "{t}"
+        );
+        assert!(t.contains("| restored | adapter |"), "{t}");
+        assert!(t.contains("DEPLOY_PROD_A 1.00"), "{t}");
+    }
+
+    #[test]
+    fn first_seed_past_the_held_out_range_is_refused() {
+        let f = envs::create("ticketmelt", &envs::Options::new()).unwrap();
+        let e = play_policy(f.as_ref(), 2, u64::MAX - 1, Scripted("heuristic"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("--first-seed"), "{e}");
+    }
+
     #[test]
     fn mean_ci_by_hand() {
         // mean 2.5, sample variance 5/3, half-width 1.96 * sqrt(5/12)
@@ -488,6 +748,7 @@ mod tests {
                 BTreeMap::from([("a".to_string(), 0.5)]),
                 BTreeMap::from([("a".to_string(), 0.5)]),
             ],
+            ..Outcomes::default()
         };
         let e = o.summarise();
         assert_eq!((e.episodes, e.seats), (4, 4));

@@ -2,9 +2,14 @@
 //!
 //! * `reward_curve.png`: reward per step (points), its rolling mean (line) and the
 //!   curriculum's stage boundaries (dashed, labelled with the new stage).
+//!   With an `eval_log.csv` (`[run] eval_every`), the held-out evaluations are drawn
+//!   over it: mean reward with 95% whiskers and win rate, per environment.
 //! * `components.png`: one line per reward component (`rewards/<c>/mean` columns).
 //! * `before_after.png`: base model vs adapter from `eval.json` (written by
 //!   `concord eval --compare`), grouped bars with 95% confidence whiskers.
+//! * `behaviour.png`: from the same `eval.json`, each model's action shares per
+//!   situation (stacked bars side by side, one panel per environment), with its
+//!   agreement with the reference policy and I(situation; action).
 //!
 //! Text is drawn with a font embedded in the binary (`assets/DejaVuSans.ttf`), so the
 //! images render the same on machines without any system fonts. Every image is
@@ -32,12 +37,13 @@ pub fn plot_run(run_dir: &Path, window: usize) -> Result<Vec<PathBuf>> {
     let window = window.max(1);
     let log_path = run_dir.join(TRAINING_LOG);
     let log = TrainingLog::read(&log_path)?;
+    let held = read_eval_log(&run_dir.join(crate::run::log::EVAL_LOG))?;
     let name = run_name(run_dir);
     let mut written = Vec::new();
 
     let p = run_dir.join("reward_curve.png");
     write_png(&p, PLOT_WIDTH, PLOT_HEIGHT, |root| {
-        draw_reward_curve(root, &log, &name, window)
+        draw_reward_curve(root, &log, &held, &name, window)
     })?;
     written.push(p);
 
@@ -63,8 +69,151 @@ pub fn plot_run(run_dir: &Path, window: usize) -> Result<Vec<PathBuf>> {
                 written.push(p);
             }
         }
+        let behaviours = behaviour_panels(&report);
+        if !behaviours.is_empty() {
+            let p = run_dir.join("behaviour.png");
+            let h = 120 + 520 * behaviours.len() as u32;
+            write_png(&p, PLOT_WIDTH, h, |root| {
+                draw_behaviour(root, &behaviours, &name)
+            })?;
+            written.push(p);
+        }
     }
     Ok(written)
+}
+
+/// Per environment with a behaviour report: (env, [(model label, summary)]), the
+/// run's start (`base`) first.
+type BehaviourPanel<'a> = (String, Vec<(String, &'a crate::envs::BehaviourSummary)>);
+
+fn behaviour_panels(report: &EvalReport) -> Vec<BehaviourPanel<'_>> {
+    let mut labels: Vec<&String> = report.models.keys().collect();
+    labels.sort_by_key(|l| (l.as_str() != "base", l.as_str() != "adapter", l.to_string()));
+    let mut envs: Vec<&String> = report.models.values().flat_map(|m| m.envs.keys()).collect();
+    envs.sort();
+    envs.dedup();
+    envs.into_iter()
+        .map(|env| {
+            let models = labels
+                .iter()
+                .filter_map(|l| {
+                    let b = report.models[*l].envs.get(env)?.behaviour.as_ref()?;
+                    Some(((*l).clone(), b))
+                })
+                .collect::<Vec<_>>();
+            (env.clone(), models)
+        })
+        .filter(|(_, m)| !m.is_empty())
+        .collect()
+}
+
+fn draw_behaviour(root: &Area, panels: &[BehaviourPanel], name: &str) -> Result<()> {
+    let body = root
+        .titled(
+            &format!("{name}: action shares per situation (bars left to right: models)"),
+            font(24.0),
+        )
+        .map_err(plot_err)?;
+    for ((env, models), area) in panels.iter().zip(body.split_evenly((panels.len(), 1))) {
+        draw_behaviour_panel(&area, env, models)?;
+    }
+    Ok(())
+}
+
+fn draw_behaviour_panel(
+    area: &Area,
+    env: &str,
+    models: &[(String, &crate::envs::BehaviourSummary)],
+) -> Result<()> {
+    let mut situations: Vec<&String> = models
+        .iter()
+        .flat_map(|(_, b)| b.situations.keys())
+        .collect();
+    situations.sort();
+    situations.dedup();
+    let mut actions: Vec<&String> = models
+        .iter()
+        .flat_map(|(_, b)| b.situations.values().flat_map(|s| s.actions.keys()))
+        .collect();
+    actions.sort();
+    actions.dedup();
+    let (legend_area, chart_area) = area.split_vertically(60);
+    let caption = models
+        .iter()
+        .map(|(l, b)| {
+            format!(
+                "{l}: agreement {:.2}, I {:.2} bits",
+                b.agreement, b.mutual_information_bits
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("; ");
+    legend_area
+        .draw(&Text::new(
+            format!("{env} ({caption})"),
+            (16, 6),
+            font(17.0),
+        ))
+        .map_err(plot_err)?;
+    for (k, a) in actions.iter().enumerate() {
+        let x = 16 + 220 * k as i32;
+        legend_area
+            .draw(&Rectangle::new(
+                [(x, 32), (x + 22, 50)],
+                palette(k).filled(),
+            ))
+            .map_err(plot_err)?;
+        legend_area
+            .draw(&Text::new(a.to_string(), (x + 28, 32), font(15.0)))
+            .map_err(plot_err)?;
+    }
+    let n = situations.len();
+    let mut chart = ChartBuilder::on(&chart_area)
+        .margin(14)
+        .x_label_area_size(40)
+        .y_label_area_size(64)
+        .build_cartesian_2d(-0.5..n as f64 - 0.5, 0.0..1.0)
+        .map_err(plot_err)?;
+    let names: Vec<String> = situations.iter().map(|s| s.to_string()).collect();
+    chart
+        .configure_mesh()
+        .disable_x_mesh()
+        .x_labels(n + 1)
+        .x_label_formatter(&|v| {
+            let i = v.round();
+            if (v - i).abs() < 1e-6 && i >= 0.0 && (i as usize) < names.len() {
+                names[i as usize].clone()
+            } else {
+                String::new()
+            }
+        })
+        .y_desc("share of decisions")
+        .label_style(font(13.0))
+        .axis_desc_style(font(16.0))
+        .draw()
+        .map_err(plot_err)?;
+    let width = 0.8 / models.len() as f64;
+    for (i, sit) in situations.iter().enumerate() {
+        for (m, (_, b)) in models.iter().enumerate() {
+            let Some(s) = b.situations.get(sit.as_str()) else {
+                continue;
+            };
+            let x0 = i as f64 - 0.4 + width * m as f64;
+            let mut y = 0.0;
+            for (k, a) in actions.iter().enumerate() {
+                let share = s.actions.get(a.as_str()).copied().unwrap_or(0) as f64
+                    / s.decisions.max(1) as f64;
+                chart
+                    .draw_series(std::iter::once(Rectangle::new(
+                        [(x0 + 0.01, y), (x0 + width - 0.01, y + share)],
+                        palette(k).filled(),
+                    )))
+                    .map_err(plot_err)?;
+                y += share;
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Height of `before_after.png` for `n_envs` panels (two panels side by side per row).
@@ -468,14 +617,142 @@ fn draw_rolling_mean(
     Ok(())
 }
 
-fn draw_reward_curve(root: &Area, log: &TrainingLog, name: &str, window: usize) -> Result<()> {
+/// One held-out evaluation of one environment (a row of `eval_log.csv`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct HeldOut {
+    pub step: f64,
+    pub env: String,
+    pub reward: f64,
+    pub reward_ci: [f64; 2],
+    pub win: f64,
+}
+
+/// The rows of `eval_log.csv`; none when the file does not exist.
+pub fn read_eval_log(path: &Path) -> Result<Vec<HeldOut>> {
+    if !path.exists() {
+        return Ok(Vec::new());
+    }
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let mut rows = Vec::new();
+    for (i, line) in text.lines().enumerate().skip(1) {
+        let f: Vec<&str> = line.split(',').collect();
+        let num = |k: usize| -> Result<f64> {
+            let v = f.get(k).copied().unwrap_or("");
+            // An undefined value (no scored seat) was written as NaN.
+            v.parse::<f64>().with_context(|| {
+                format!(
+                    "{} line {}: column {} is `{v}`",
+                    path.display(),
+                    i + 1,
+                    k + 1
+                )
+            })
+        };
+        rows.push(HeldOut {
+            step: num(0)?,
+            env: f.get(1).copied().unwrap_or("").to_string(),
+            win: num(3)?,
+            reward: num(6)?,
+            reward_ci: [num(7)?, num(8)?],
+        });
+    }
+    Ok(rows)
+}
+
+fn draw_held_out(chart: &mut StepChart, held: &[HeldOut]) -> Result<Vec<(String, Mark)>> {
+    let mut envs: Vec<&str> = held.iter().map(|h| h.env.as_str()).collect();
+    envs.dedup();
+    envs.sort();
+    envs.dedup();
+    let mut entries = Vec::new();
+    for (i, env) in envs.iter().enumerate() {
+        let rows: Vec<&HeldOut> = held.iter().filter(|h| h.env == *env).collect();
+        let reward_color = palette(2 * i + 1);
+        let win_color = palette(2 * i + 2);
+        let pts = |f: fn(&HeldOut) -> f64| -> Vec<(f64, f64)> {
+            rows.iter()
+                .map(|h| (h.step, f(h)))
+                .filter(|p| p.1.is_finite())
+                .collect()
+        };
+        for h in rows
+            .iter()
+            .filter(|h| h.reward_ci.iter().all(|v| v.is_finite()))
+        {
+            chart
+                .draw_series(std::iter::once(PathElement::new(
+                    vec![(h.step, h.reward_ci[0]), (h.step, h.reward_ci[1])],
+                    reward_color.stroke_width(2),
+                )))
+                .map_err(plot_err)?;
+        }
+        chart
+            .draw_series(LineSeries::new(
+                pts(|h| h.reward),
+                reward_color.stroke_width(3),
+            ))
+            .map_err(plot_err)?;
+        chart
+            .draw_series(
+                pts(|h| h.reward)
+                    .into_iter()
+                    .map(|p| Circle::new(p, 5, reward_color.filled())),
+            )
+            .map_err(plot_err)?;
+        chart
+            .draw_series(DashedLineSeries::new(
+                pts(|h| h.win),
+                8,
+                5,
+                win_color.stroke_width(2),
+            ))
+            .map_err(plot_err)?;
+        chart
+            .draw_series(
+                pts(|h| h.win)
+                    .into_iter()
+                    .map(|p| Circle::new(p, 5, win_color.stroke_width(2))),
+            )
+            .map_err(plot_err)?;
+        entries.push((
+            format!("held-out reward, {env} (95% CI)"),
+            Mark::Line(reward_color, 3),
+        ));
+        entries.push((format!("held-out win rate, {env}"), Mark::Dashed(win_color)));
+    }
+    Ok(entries)
+}
+
+fn draw_reward_curve(
+    root: &Area,
+    log: &TrainingLog,
+    held: &[HeldOut],
+    name: &str,
+    window: usize,
+) -> Result<()> {
     let reward = log
         .column("reward")
         .context("no `reward` column in the header")?;
     let smooth = rolling_mean(reward, window);
-    let (chart_area, legend_area) = split_titled(root, &format!("{name}: reward per step"))?;
-    let x = step_range(&log.steps);
-    let y = with_stage_headroom(padded_range(reward.iter().chain(&smooth)), log);
+    let title = if held.is_empty() {
+        format!("{name}: reward per step")
+    } else {
+        format!("{name}: reward per step and held-out evaluations")
+    };
+    let (chart_area, legend_area) = split_titled(root, &title)?;
+    let mut x = step_range(&log.steps);
+    for h in held {
+        x = (x.0.min(h.step), x.1.max(h.step));
+    }
+    let held_values: Vec<f64> = held
+        .iter()
+        .flat_map(|h| [h.reward, h.reward_ci[0], h.reward_ci[1], h.win])
+        .collect();
+    let y = with_stage_headroom(
+        padded_range(reward.iter().chain(&smooth).chain(&held_values)),
+        log,
+    );
 
     let mut chart = step_chart(&chart_area, x, y, "reward")?;
 
@@ -521,6 +798,7 @@ fn draw_reward_curve(root: &Area, log: &TrainingLog, name: &str, window: usize) 
     if has_stages {
         entries.push(("stage change".into(), Mark::Dashed(STAGE_COLOR)));
     }
+    entries.extend(draw_held_out(&mut chart, held)?);
     draw_legend(&legend_area, None, &entries)?;
     Ok(())
 }
@@ -871,6 +1149,7 @@ mod tests {
     #[test]
     fn metric_bars_order_and_union() {
         let mk = |comps: &[(&str, f64)]| EnvEval {
+            behaviour: None,
             episodes: 4,
             seats: 8,
             reward_mean: 0.5,

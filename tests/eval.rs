@@ -165,3 +165,132 @@ fn eval_compare_reports_held_out_episodes() {
     let png = std::fs::read(run.join("before_after.png")).unwrap();
     assert!(png.starts_with(b"\x89PNG\r\n\x1a\n") && png.len() > 1000);
 }
+
+/// `[run] eval_every`: held-out rows at the due steps and at the end, through the same
+/// driver as `concord eval`; a run cut back to an earlier checkpoint and resumed writes
+/// the same rows (no duplicates), and `plot` draws them.
+#[test]
+fn held_out_evaluation_during_training_survives_a_resume() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = |out: &Path, extra: &[&str]| {
+        let d = out.display().to_string();
+        let mut sets = vec![
+            format!("run.output_dir={d}"),
+            format!("model.name={}/tiny", dir.path().display()),
+            "run.steps=3".into(),
+            "run.save_every=2".into(),
+            "run.eval_every=2".into(),
+            "run.eval_episodes=3".into(),
+            "grpo.max_completion_length=6".into(),
+            "grpo.prompts_per_step=2".into(),
+            "grpo.num_generations=2".into(),
+            "sft.steps=2".into(),
+            "sft.examples=4".into(),
+            "sft.batch_size=2".into(),
+        ];
+        sets.extend(extra.iter().map(|s| s.to_string()));
+        let mut args = vec!["train", "--config", "configs/quickstart.toml"];
+        for s in &sets {
+            args.extend(["--set", s.as_str()]);
+        }
+        concord_ok(&args);
+    };
+    let read = |p: &Path| -> Vec<Vec<String>> {
+        std::fs::read_to_string(p.join("eval_log.csv"))
+            .unwrap()
+            .lines()
+            .map(|l| {
+                let mut f: Vec<String> = l.split(',').map(String::from).collect();
+                f.pop(); // eval_seconds: a timing
+                f
+            })
+            .collect()
+    };
+    let a = dir.path().join("a");
+    run(&a, &[]);
+    let rows = read(&a.join("quickstart"));
+    assert_eq!(
+        rows[0].join(","),
+        "step,env,episodes,win_rate,win_lo,win_hi,reward,reward_lo,reward_hi,agreement,\
+agreement_lo,agreement_hi,best_constant_agreement,mutual_information_bits,actions"
+    );
+    let steps: Vec<&str> = rows[1..].iter().map(|r| r[0].as_str()).collect();
+    assert_eq!(steps, ["2", "3"], "every 2 steps and at the end");
+    for r in &rows[1..] {
+        assert_eq!((r[1].as_str(), r[2].as_str()), ("ticketmelt", "3"));
+        let agreement: f64 = r[9].parse().unwrap();
+        assert!((0.0..=1.0).contains(&agreement), "{r:?}");
+        assert!(
+            r[14].contains("MONITOR:") || r[14].contains("DEPLOY_PROD"),
+            "{r:?}"
+        );
+    }
+
+    // The same run, cut back to checkpoint-2 after it finished (as a kill after step 3's
+    // evaluation but before its checkpoint would leave it), then resumed.
+    let b = dir.path().join("b");
+    run(&b, &[]);
+    let qb = b.join("quickstart");
+    std::fs::remove_dir_all(qb.join("checkpoint-3")).unwrap();
+    let d = b.display().to_string();
+    concord_ok(&[
+        "train",
+        "--config",
+        "configs/quickstart.toml",
+        "--resume",
+        qb.to_str().unwrap(),
+        "--set",
+        &format!("run.output_dir={d}"),
+        "--set",
+        &format!("model.name={}/tiny", dir.path().display()),
+        "--set",
+        "run.steps=3",
+        "--set",
+        "run.save_every=2",
+        "--set",
+        "run.eval_every=2",
+        "--set",
+        "run.eval_episodes=3",
+        "--set",
+        "grpo.max_completion_length=6",
+        "--set",
+        "grpo.prompts_per_step=2",
+        "--set",
+        "grpo.num_generations=2",
+        "--set",
+        "sft.steps=2",
+        "--set",
+        "sft.examples=4",
+        "--set",
+        "sft.batch_size=2",
+    ]);
+    assert_eq!(
+        read(&qb),
+        rows,
+        "resumed rows equal the uninterrupted run's"
+    );
+    let png = std::fs::read(a.join("quickstart/reward_curve.png")).unwrap();
+    assert!(png.starts_with(b"\x89PNG"));
+}
+
+#[test]
+fn eval_every_without_episodes_is_refused() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_concord"))
+        .args([
+            "train",
+            "--config",
+            "configs/quickstart.toml",
+            "--set",
+            "run.eval_every=5",
+            "--set",
+            "run.eval_episodes=0",
+            "--set",
+            "run.output_dir=/nonexistent/never-written",
+        ])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("eval_episodes"), "{err}");
+}

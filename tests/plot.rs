@@ -46,6 +46,7 @@ fn write_log(dir: &Path, rows: usize) {
 
 fn env_eval(reward: f64, win: f64, comps: &[(&str, f64)]) -> EnvEval {
     EnvEval {
+        behaviour: None,
         episodes: 64,
         seats: 64,
         reward_mean: reward,

@@ -57,6 +57,13 @@ pub struct RunConfig {
     pub log_samples: usize,
     /// Keep at most this many checkpoints (0: keep all).
     pub save_total_limit: usize,
+    /// Play held-out episodes with the current adapter every this many steps, and at
+    /// the end, appending a row per environment to `eval_log.csv` (0: never; TRL's
+    /// `eval_strategy = "steps"` with `eval_steps`).
+    pub eval_every: usize,
+    /// Held-out episodes per environment in each of those evaluations (the first ones
+    /// of `concord eval`'s set).
+    pub eval_episodes: usize,
 }
 
 impl Default for RunConfig {
@@ -69,6 +76,8 @@ impl Default for RunConfig {
             save_every: 25,
             log_samples: 4,
             save_total_limit: 0,
+            eval_every: 0,
+            eval_episodes: 20,
         }
     }
 }

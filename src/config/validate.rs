@@ -291,6 +291,13 @@ impl Config {
                 format!("{} must be >= 0", o.weight_decay),
             ));
         }
+        if r.eval_every > 0 && r.eval_episodes == 0 {
+            return Err(err(
+                "run",
+                "eval_episodes",
+                "0 with eval_every > 0: give the held-out episodes to play (>= 1)".into(),
+            ));
+        }
         if o.warmup_steps > r.steps {
             return Err(err(
                 "optim",

@@ -81,6 +81,7 @@
 //! [`REGISTRY`] is one table of [`EnvEntry`] rows (name, summary, constructor);
 //! [`create`], [`names`] and `concord envs list` all read it.
 
+pub mod behaviour;
 pub mod merge_ring;
 pub mod postmortem;
 pub mod remote;
@@ -89,6 +90,7 @@ pub mod ticketmelt;
 pub mod tools;
 pub mod whispers;
 
+pub use behaviour::{Behaviour, BehaviourSummary, DecisionRecord, DecisionView, Recorder};
 pub use rollout::{
     eval_seed, play_episode, replay, sample_decision, score_decision, score_joint, training_seed,
     Decision, HELD_OUT_BIT,
@@ -183,6 +185,10 @@ pub trait Environment: Send {
     }
     /// The [`Inspect`] capability, if the environment has it.
     fn as_inspect(&self) -> Option<&dyn Inspect> {
+        None
+    }
+    /// The [`Behaviour`] capability (situations and a reference policy), if any.
+    fn as_behaviour(&self) -> Option<&dyn Behaviour> {
         None
     }
 }

@@ -6,6 +6,7 @@ pub mod advantage;
 pub mod batch;
 pub mod bench;
 pub mod correction;
+mod held_out;
 pub mod loss;
 pub mod metrics;
 pub mod optim;

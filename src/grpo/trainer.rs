@@ -274,6 +274,9 @@ impl Trainer {
             if let Some(p) = lines.as_mut() {
                 p.step(s, row.reward, row.step_time, finished || interrupted);
             }
+            if !interrupted {
+                self.evaluate_if_due(finished)?;
+            }
             if finished || (save_every > 0 && s.is_multiple_of(save_every)) || interrupted {
                 self.save_checkpoint()?;
             }

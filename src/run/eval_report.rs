@@ -51,6 +51,10 @@ pub struct EnvEval {
     /// Mean of each reward component.
     #[serde(deserialize_with = "nan_map_if_null")]
     pub components: BTreeMap<String, f64>,
+    /// What the policy did in which situation, against the environment's reference
+    /// policy (environments with the behaviour capability; absent in older reports).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub behaviour: Option<crate::envs::BehaviourSummary>,
 }
 
 fn nan_if_null<'de, D: serde::Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
@@ -118,6 +122,7 @@ mod tests {
     fn eval_report_reads_undefined_values_back_as_nan() {
         // what `concord eval` writes for an environment with no scored seats
         let env = EnvEval {
+            behaviour: None,
             episodes: 0,
             seats: 0,
             reward_mean: f64::NAN,

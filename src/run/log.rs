@@ -11,6 +11,8 @@ use std::path::Path;
 pub const TRAINING_LOG: &str = "training_log.csv";
 /// A few logged completions per step (`run.log_samples`).
 pub const SAMPLES: &str = "samples.jsonl";
+/// Held-out evaluations during training (`[run] eval_every`).
+pub const EVAL_LOG: &str = "eval_log.csv";
 
 /// One row of training_log.csv (TRL's metric names where they apply).
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -280,7 +282,7 @@ fn append(path: &Path, text: &str) -> Result<()> {
 
 /// Delete the logs of an earlier run in `run_dir` (a fresh run starts fresh logs).
 pub fn remove_logs(run_dir: &Path) -> Result<()> {
-    for f in [TRAINING_LOG, SAMPLES] {
+    for f in [TRAINING_LOG, SAMPLES, EVAL_LOG] {
         let p = run_dir.join(f);
         if p.exists() {
             std::fs::remove_file(&p).with_context(|| format!("removing {}", p.display()))?;
@@ -292,8 +294,11 @@ pub fn remove_logs(run_dir: &Path) -> Result<()> {
 /// Drop rows of training_log.csv / samples.jsonl written after `step` (by the run that
 /// was interrupted after its last checkpoint). Atomic rewrite.
 pub fn truncate_logs(run_dir: &Path, step: usize) -> Result<()> {
-    let csv = run_dir.join(TRAINING_LOG);
-    if csv.exists() {
+    for name in [TRAINING_LOG, EVAL_LOG] {
+        let csv = run_dir.join(name);
+        if !csv.exists() {
+            continue;
+        }
         let text = std::fs::read_to_string(&csv)?;
         let mut out = String::new();
         for (i, line) in text.lines().enumerate() {
@@ -326,6 +331,58 @@ pub fn truncate_logs(run_dir: &Path, step: usize) -> Result<()> {
         crate::atomic::atomic_write_bytes(&samples, out.as_bytes())?;
     }
     Ok(())
+}
+
+/// The columns of `eval_log.csv`: one row per environment per held-out evaluation.
+/// Intervals are 95% (Wilson for rates, normal for means); the behaviour columns are
+/// empty for environments without a reference policy; `actions` lists each action's
+/// share as `LABEL:share` separated by spaces.
+pub const EVAL_LOG_HEADER: &str = "step,env,episodes,win_rate,win_lo,win_hi,reward,reward_lo,\
+reward_hi,agreement,agreement_lo,agreement_hi,best_constant_agreement,\
+mutual_information_bits,actions,eval_seconds";
+
+/// Append one held-out evaluation of `env` at `step` to `eval_log.csv` (writing the
+/// header first when the file is new).
+pub fn append_eval_row(
+    run_dir: &Path,
+    step: usize,
+    env: &str,
+    e: &crate::run::eval_report::EnvEval,
+    seconds: f64,
+) -> Result<()> {
+    let path = run_dir.join(EVAL_LOG);
+    let mut text = String::new();
+    if !path.exists() {
+        text.push_str(EVAL_LOG_HEADER);
+        text.push('\n');
+    }
+    let (agree, best, mi, actions) = match &e.behaviour {
+        Some(b) => (
+            format!(
+                "{:.6},{:.6},{:.6}",
+                b.agreement, b.agreement_ci95[0], b.agreement_ci95[1]
+            ),
+            format!("{:.6}", b.best_constant.agreement),
+            format!("{:.6}", b.mutual_information_bits),
+            b.actions
+                .iter()
+                .map(|(a, c)| format!("{a}:{:.4}", *c as f64 / b.decisions.max(1) as f64))
+                .collect::<Vec<_>>()
+                .join(" "),
+        ),
+        None => (",,".into(), String::new(), String::new(), String::new()),
+    };
+    text.push_str(&format!(
+        "{step},{env},{},{:.6},{:.6},{:.6},{:.6},{:.6},{:.6},{agree},{best},{mi},{actions},{seconds:.1}\n",
+        e.episodes,
+        e.win_rate,
+        e.win_ci95[0],
+        e.win_ci95[1],
+        e.reward_mean,
+        e.reward_ci95[0],
+        e.reward_ci95[1],
+    ));
+    append(&path, &text)
 }
 
 /// One row of an SFT run's training_log.csv (TRL `SFTTrainer`'s names).

@@ -44,6 +44,18 @@ impl Regime {
     }
 }
 
+/// How prompts are written (option `prompt`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PromptStyle {
+    /// Prose rules and one sentence per earlier episode.
+    #[default]
+    Full,
+    /// Terse rules and one short line per earlier episode (same facts, about a third of
+    /// the tokens); the answer options are listed without a worked example.
+    Compact,
+}
+
 /// Validated options of a merge_ring environment.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Config {
@@ -70,6 +82,9 @@ pub struct Config {
     /// Options `reward_early` (1.0), `reward_late` (0.7), `reward_bypass` (0.4),
     /// `reward_collision` (-1.0).
     pub rewards: Rewards,
+    /// Option `prompt`: "full" (default) or "compact".
+    #[serde(default)]
+    pub prompt: PromptStyle,
 }
 
 impl Default for Config {
@@ -85,6 +100,7 @@ impl Default for Config {
             self_play: false,
             seat: 0,
             rewards: Rewards::default(),
+            prompt: PromptStyle::Full,
         }
     }
 }
@@ -103,6 +119,7 @@ const OPTION_KEYS: &[&str] = &[
     "reward_late",
     "reward_bypass",
     "reward_collision",
+    "prompt",
 ];
 
 fn opt_usize(v: &toml::Value, key: &str) -> anyhow::Result<usize> {
@@ -162,6 +179,15 @@ impl Config {
                 "reward_late" => c.rewards.merge_late = opt_f64(v, key)?,
                 "reward_bypass" => c.rewards.bypass = opt_f64(v, key)?,
                 "reward_collision" => c.rewards.collision = opt_f64(v, key)?,
+                "prompt" => {
+                    c.prompt = match v.as_str() {
+                        Some("full") => PromptStyle::Full,
+                        Some("compact") => PromptStyle::Compact,
+                        _ => bail!(
+                            "merge_ring option `prompt` must be \"full\" or \"compact\", got {v}"
+                        ),
+                    }
+                }
                 other => bail!(
                     "unknown merge_ring option `{other}`; known options: {}",
                     OPTION_KEYS.join(", ")

@@ -72,13 +72,14 @@
 //! each commit (they sum to the final scalar); `valid` is false when the parser
 //! defaulted to bypass.
 
+pub mod compact;
 pub mod config;
 pub mod graph;
 pub mod parse;
 pub mod policy;
 pub mod session;
 
-pub use config::{Config, Regime, Rewards};
+pub use config::{Config, PromptStyle, Regime, Rewards};
 pub use graph::{run_graph, successor, successors, GraphOptions, Phase, PublicState};
 pub use parse::{answer_text, parse_action, ParseOutcome};
 use policy::{Strategy, POLICY_NAMES};
@@ -86,8 +87,8 @@ use session::Tally;
 pub use session::{EpisodeRecord, MergeRing};
 
 use super::{
-    wilson_ci, BaselineRow, EnvFactory, Environment, Inspect, Message, Options, Reward, Scripted,
-    StepOutcome, Tools,
+    wilson_ci, BaselineRow, Behaviour, DecisionView, EnvFactory, Environment, Inspect, Message,
+    Options, Reward, Scripted, StepOutcome, Tools,
 };
 use anyhow::{bail, Context};
 use serde::{Deserialize, Serialize};
@@ -175,10 +176,16 @@ impl Environment for MergeRing {
                 Message::user(format!("There is no vehicle {seat} on this ring.")),
             ];
         }
-        vec![
-            Message::system(self.system_prompt()),
-            Message::user(self.user_prompt(seat)),
-        ]
+        match self.cfg.prompt {
+            PromptStyle::Full => vec![
+                Message::system(self.system_prompt()),
+                Message::user(self.user_prompt(seat)),
+            ],
+            PromptStyle::Compact => vec![
+                Message::system(self.system_prompt_compact()),
+                Message::user(self.user_prompt_compact(seat)),
+            ],
+        }
     }
     fn step(&mut self, actions: &[String]) -> anyhow::Result<StepOutcome> {
         if self.phase == Phase::Done {
@@ -270,6 +277,72 @@ impl Environment for MergeRing {
     }
     fn as_inspect(&self) -> Option<&dyn Inspect> {
         Some(self)
+    }
+    fn as_behaviour(&self) -> Option<&dyn Behaviour> {
+        Some(self)
+    }
+}
+
+/// The situations of the merge ring's behaviour report: the phase, the seat's priority
+/// slot and, when committing, whether a neighbour signalled that slot ("contested") or
+/// not ("clear"). The reference is the `heuristic`: it signals its priority slot and
+/// commits to the best response against each neighbour's observed signal -> move
+/// frequencies in the session.
+pub const SITUATIONS: [&str; 6] = [
+    "signal_early_priority",
+    "signal_late_priority",
+    "commit_clear_early_priority",
+    "commit_clear_late_priority",
+    "commit_contested_early_priority",
+    "commit_contested_late_priority",
+];
+
+impl Behaviour for MergeRing {
+    fn reference_policy(&self) -> &'static str {
+        "heuristic"
+    }
+    fn situations(&self) -> Vec<&'static str> {
+        SITUATIONS.to_vec()
+    }
+    fn actions(&self) -> Vec<&'static str> {
+        Action::ALL.iter().map(|a| a.as_str()).collect()
+    }
+    fn action_label(&self, _seat: usize, text: &str) -> &'static str {
+        parse_action(text).0.as_str()
+    }
+    fn view(&self, seat: usize) -> DecisionView {
+        let seat = seat.min(self.cfg.agents - 1);
+        let ctx = self.ctx();
+        let (l, r) = ctx.neighbours(seat);
+        let mine = ctx.convention(seat);
+        let early = mine == Action::Early;
+        // Signals exist only once the signal phase has been played.
+        let signalled = |j: usize| self.signals.get(j).copied();
+        let contested = signalled(l) == Some(mine) || signalled(r) == Some(mine);
+        let situation = match (self.phase, contested, early) {
+            (graph::Phase::Signal, _, true) | (graph::Phase::Done, _, true) => SITUATIONS[0],
+            (graph::Phase::Signal, _, false) | (graph::Phase::Done, _, false) => SITUATIONS[1],
+            (_, false, true) => SITUATIONS[2],
+            (_, false, false) => SITUATIONS[3],
+            (_, true, true) => SITUATIONS[4],
+            (_, true, false) => SITUATIONS[5],
+        };
+        let reference = self.strategy_action(Strategy::Heuristic, seat).as_str();
+        let commit = self.phase == graph::Phase::Commit;
+        let counts = |j: usize| -> serde_json::Value { serde_json::json!(self.counts[j]) };
+        DecisionView {
+            situation,
+            features: serde_json::json!({
+                "episode": self.episode,
+                "phase": if commit { "commit" } else { "signal" },
+                "priority": mine.as_str(),
+                "neighbours": [l, r],
+                "neighbour_signals": [signalled(l).map(Action::as_str), signalled(r).map(Action::as_str)],
+                // Rows: signalled early/late/bypass; columns: did early/late/bypass.
+                "neighbour_counts": [counts(l), counts(r)],
+            }),
+            reference: vec![reference],
+        }
     }
 }
 

@@ -77,6 +77,7 @@
 
 #![allow(clippy::needless_range_loop)]
 
+mod compact;
 pub mod parse;
 pub mod policies;
 pub mod render;
@@ -136,7 +137,8 @@ impl Action {
 
 use crate::envs::tools::{wilson_ci, BaselineRow, BenchResult};
 use crate::envs::{
-    EnvFactory, Environment, Inspect, Message, Options, Reward, Scripted, StepOutcome, Tools,
+    Behaviour, DecisionView, EnvFactory, Environment, Inspect, Message, Options, Reward, Scripted,
+    StepOutcome, Tools,
 };
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
@@ -189,6 +191,20 @@ pub struct Rules {
     pub malformed_zero: bool,
     pub continuation: Policy,
     pub history_rounds: u8,
+    /// Option `prompt`: the full prose prompt, or the compact one (the same facts in
+    /// about a quarter of the tokens, answers without a channel message).
+    pub prompt: PromptStyle,
+}
+
+/// How prompts are written (option `prompt`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PromptStyle {
+    /// Prose rules, the recent rounds with outcomes and messages, a JSON answer with a
+    /// channel message (~700 tokens).
+    Full,
+    /// Terse rules and one line per engineer with its last moves; the answer is
+    /// `{"commitment": ...}` alone (~200 tokens).
+    Compact,
 }
 
 impl Rules {
@@ -211,6 +227,7 @@ impl Rules {
             malformed_zero: true,
             continuation: Policy::Heuristic,
             history_rounds: 2,
+            prompt: PromptStyle::Full,
         }
     }
     pub fn default_preset() -> Self {
@@ -327,6 +344,15 @@ impl Rules {
                 "malformed_zero" => r.malformed_zero = b(k, v)?,
                 "continuation" => r.continuation = Policy::from_name(s(k, v)?)?,
                 "history_rounds" => r.history_rounds = int(k, v, 0, MAX_ROUNDS as i64)?,
+                "prompt" => {
+                    r.prompt = match s(k, v)? {
+                        "full" => PromptStyle::Full,
+                        "compact" => PromptStyle::Compact,
+                        o => anyhow::bail!(
+                            "ticketmelt option `prompt` must be full|compact, got `{o}`"
+                        ),
+                    }
+                }
                 other => anyhow::bail!(
                     "unknown ticketmelt option `{other}`; known: {}",
                     OPTION_KEYS.join(", ")
@@ -370,12 +396,13 @@ impl Rules {
             "malformed_zero": self.malformed_zero,
             "continuation": self.continuation.name(),
             "history_rounds": self.history_rounds,
+            "prompt": match self.prompt { PromptStyle::Full => "full", PromptStyle::Compact => "compact" },
         })
     }
 }
 
 /// Every option key ticketmelt accepts.
-pub const OPTION_KEYS: [&str; 17] = [
+pub const OPTION_KEYS: [&str; 18] = [
     "preset",
     "peers",
     "dumb_fraction",
@@ -393,6 +420,7 @@ pub const OPTION_KEYS: [&str; 17] = [
     "malformed_zero",
     "continuation",
     "history_rounds",
+    "prompt",
 ];
 
 // ---------------------------------------------------------------------------------
@@ -453,19 +481,95 @@ impl Environment for Ticketmelt {
     fn as_inspect(&self) -> Option<&dyn Inspect> {
         Some(self)
     }
+    fn as_behaviour(&self) -> Option<&dyn Behaviour> {
+        Some(self)
+    }
+}
+
+/// Behaviour reports compare with the `heuristic` (the policy the compact prompt is
+/// built for; it wins 0.74 on the default preset); the situations are its branches
+/// ([`policies::SITUATIONS`]). When both servers are free it deploys to either, and
+/// either counts as agreeing.
+impl Behaviour for Ticketmelt {
+    fn reference_policy(&self) -> &'static str {
+        "heuristic"
+    }
+    fn situations(&self) -> Vec<&'static str> {
+        policies::SITUATIONS.iter().map(|(n, _)| *n).collect()
+    }
+    fn actions(&self) -> Vec<&'static str> {
+        ACTION_LABELS.to_vec()
+    }
+    fn action_label(&self, _seat: usize, text: &str) -> &'static str {
+        parse_action(text).action.as_str()
+    }
+    fn view(&self, seat: usize) -> DecisionView {
+        let seat = seat.min(SEATS - 1);
+        let (situation, choice) = self.heuristic_plan(seat);
+        // The coin the heuristic would toss now, on a copy (the episode is untouched).
+        let first = self.clone().scripted(Policy::Heuristic, seat);
+        let reference = match choice {
+            policies::Choice::Only(a) => vec![a.as_str()],
+            policies::Choice::Either => {
+                vec![first.as_str(), first.mirrored().as_str()]
+            }
+        };
+        DecisionView {
+            situation: situation.name(),
+            features: self.features(seat),
+            reference,
+        }
+    }
+}
+
+/// Every commitment, in report order.
+pub const ACTION_LABELS: [&str; 3] = ["DEPLOY_PROD_A", "DEPLOY_PROD_B", "MONITOR"];
+
+impl Ticketmelt {
+    /// What the heuristic reads for `seat`, as JSON (behaviour reports).
+    fn features(&self, seat: usize) -> Value {
+        let r = self.round as usize;
+        let hist = (self.rules.history_rounds as usize).min(r);
+        let (pred, hot) = self.predicted(seat);
+        let peers: Vec<Value> = (0..SEATS)
+            .filter(|&k| k != seat)
+            .map(|k| {
+                json!({
+                    "seat": k,
+                    "restored": self.completed[k] > 0,
+                    "left": self.rem[k],
+                    "spare": self.spare(k),
+                    "urgent_visible": self.urgent_visible(k, seat),
+                    "moves": (r - hist..r).map(|pr| self.acts[pr][k].as_str()).collect::<Vec<_>>(),
+                })
+            })
+            .collect();
+        json!({
+            "round": r + 1,
+            "restored": self.completed[seat] > 0,
+            "left": self.rem[seat],
+            "deadline": self.deadline[seat],
+            "spare": self.spare(seat),
+            "urgent": seat == self.urgent as usize,
+            "down": [self.degraded(0), self.degraded(1)],
+            "peers": peers,
+            "predicted_on": pred,
+            "tight_predicted_on": hot,
+        })
+    }
 }
 
 impl Scripted for Ticketmelt {
     fn continuation_action(&mut self, seat: usize) -> String {
         let seat = seat.min(SEATS - 1);
         let a = self.scripted(self.rules.continuation, seat);
-        answer_json(a, &render::canned_line(self.service[seat], a))
+        self.answer_text(seat, a)
     }
     fn policy_action(&mut self, policy: &str, seat: usize) -> anyhow::Result<String> {
         anyhow::ensure!(seat < SEATS, "seat {seat} out of range");
         let p = Policy::from_name(policy)?;
         let a = self.scripted(p, seat);
-        Ok(answer_json(a, &render::canned_line(self.service[seat], a)))
+        Ok(self.answer_text(seat, a))
     }
     /// An engineer whose service is not restored yet.
     fn seat_active(&self, seat: usize) -> bool {

@@ -3,7 +3,7 @@
 
 #![allow(clippy::needless_range_loop)]
 
-use super::rules::{Msg, Rng, Ticketmelt};
+use super::rules::{Msg, Ticketmelt};
 use super::Action;
 use super::{Rules, TicketmeltFactory, SEATS};
 use crate::envs::tools::{measure, BenchResult};
@@ -38,6 +38,47 @@ impl Policy {
     }
     pub fn name(self) -> &'static str {
         crate::envs::name_in(&POLICIES, &self)
+    }
+}
+
+/// What the heuristic plays: one action, or either server (a coin decides).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Choice {
+    Only(Action),
+    Either,
+}
+
+/// The heuristic's branches: the situations of TICKETMELT's behaviour report.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Situation {
+    /// Own service restored: MONITOR.
+    Restored,
+    /// No moves seen yet, and the deadline is near (spare <= 1) or the service urgent:
+    /// deploy to a server that is up.
+    OpeningTight,
+    /// No moves seen yet, time to spare: MONITOR.
+    OpeningSlack,
+    /// A server is up and nobody is predicted on it: deploy there.
+    ServerFree,
+    /// Every server is taken or down and the deadline (or urgency) forces a deploy:
+    /// the server with fewer, and no urgent or tight, engineers predicted.
+    NoneFreeMustDeploy,
+    /// Every server is taken or down, time to spare: MONITOR.
+    NoneFreeCanWait,
+}
+
+pub const SITUATIONS: [(&str, Situation); 6] = [
+    ("restored", Situation::Restored),
+    ("opening_tight", Situation::OpeningTight),
+    ("opening_slack", Situation::OpeningSlack),
+    ("server_free", Situation::ServerFree),
+    ("none_free_must_deploy", Situation::NoneFreeMustDeploy),
+    ("none_free_can_wait", Situation::NoneFreeCanWait),
+];
+
+impl Situation {
+    pub fn name(self) -> &'static str {
+        crate::envs::name_in(&SITUATIONS, &self)
     }
 }
 
@@ -113,30 +154,71 @@ impl Ticketmelt {
     /// and otherwise waits unless its own deadline (or urgency) forces a gamble, in
     /// which case it avoids servers where an urgent or tight engineer is expected.
     fn heuristic(&mut self, seat: usize) -> Action {
+        match self.heuristic_plan(seat).1 {
+            // A coin decides between two equally good servers.
+            Choice::Either => Action::from_server(self.prng.below(2) as usize),
+            Choice::Only(a) => a,
+        }
+    }
+
+    /// The heuristic's branch (its [`Situation`]) and choice for `seat` now; draws
+    /// nothing.
+    pub fn heuristic_plan(&self, seat: usize) -> (Situation, Choice) {
         if self.completed[seat] > 0 {
-            return Action::Monitor;
+            return (Situation::Restored, Choice::Only(Action::Monitor));
         }
         let r = self.round as usize;
         let spare = self.spare(seat);
         let me_urgent = seat == self.urgent as usize;
         let hist = (self.rules.history_rounds as usize).min(r);
-        let pick = |prng: &mut Rng, ok: [bool; 2]| -> Action {
-            match ok {
-                [true, true] => Action::from_server(prng.below(2) as usize),
-                [true, false] => Action::DeployA,
-                [false, true] => Action::DeployB,
-                [false, false] => Action::Monitor,
-            }
+        let pick = |ok: [bool; 2]| match ok {
+            [true, true] => Choice::Either,
+            [true, false] => Choice::Only(Action::DeployA),
+            [false, true] => Choice::Only(Action::DeployB),
+            [false, false] => Choice::Only(Action::Monitor),
         };
         if hist == 0 {
             if spare <= 1 || me_urgent {
                 let ok = [!self.degraded(0), !self.degraded(1)];
-                return pick(&mut self.prng, ok);
+                return (Situation::OpeningTight, pick(ok));
             }
-            return Action::Monitor;
+            return (Situation::OpeningSlack, Choice::Only(Action::Monitor));
         }
+        let (pred, hot) = self.predicted(seat);
+        let free = [
+            pred[0] == 0 && !self.degraded(0),
+            pred[1] == 0 && !self.degraded(1),
+        ];
+        if free[0] || free[1] {
+            return (Situation::ServerFree, pick(free));
+        }
+        if spare <= 0 || (me_urgent && spare <= 1) {
+            let ok = [!self.degraded(0) && !hot[0], !self.degraded(1) && !hot[1]];
+            let choice = if ok[0] && ok[1] {
+                Choice::Only(if pred[0] <= pred[1] {
+                    Action::DeployA
+                } else {
+                    Action::DeployB
+                })
+            } else {
+                pick(ok)
+            };
+            return (Situation::NoneFreeMustDeploy, choice);
+        }
+        (Situation::NoneFreeCanWait, Choice::Only(Action::Monitor))
+    }
+
+    /// How many unrestored others are predicted on each server next round (a two-round
+    /// A/B alternation repeats, anything else continues), and whether an urgent or
+    /// tight one is among them.
+    pub fn predicted(&self, seat: usize) -> ([u8; 2], [bool; 2]) {
+        let r = self.round as usize;
+        let hist = (self.rules.history_rounds as usize).min(r);
         let mut pred = [0u8; 2];
         let mut hot = [false; 2];
+        if hist == 0 {
+            return (pred, hot);
+        }
         for k in 0..SEATS {
             if k == seat || self.completed[k] > 0 {
                 continue;
@@ -159,25 +241,7 @@ impl Ticketmelt {
                 }
             }
         }
-        let free = [
-            pred[0] == 0 && !self.degraded(0),
-            pred[1] == 0 && !self.degraded(1),
-        ];
-        if free[0] || free[1] {
-            return pick(&mut self.prng, free);
-        }
-        if spare <= 0 || (me_urgent && spare <= 1) {
-            let ok = [!self.degraded(0) && !hot[0], !self.degraded(1) && !hot[1]];
-            if ok[0] && ok[1] {
-                return if pred[0] <= pred[1] {
-                    Action::DeployA
-                } else {
-                    Action::DeployB
-                };
-            }
-            return pick(&mut self.prng, ok);
-        }
-        Action::Monitor
+        (pred, hot)
     }
 
     /// Fast path: one round where each policy seat plays `policy` (no text).

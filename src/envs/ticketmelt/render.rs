@@ -6,13 +6,38 @@
 use super::parse::answer_json;
 use super::rules::{Msg, Outcome, SeatKind, Ticketmelt};
 use super::Action;
-use super::{Rules, UrgentFailure, SEATS, SERVICES};
+use super::{PromptStyle, Rules, UrgentFailure, SEATS, SERVICES};
 use serde_json::{json, Value};
 use std::fmt::Write as _;
 
 impl Ticketmelt {
     /// The system prompt (the same for every seat and round of one rule set).
     pub fn system_prompt(&self, out: &mut String) {
+        match self.rules.prompt {
+            PromptStyle::Full => self.system_prompt_full(out),
+            PromptStyle::Compact => self.system_prompt_compact(out),
+        }
+    }
+
+    /// Render the user prompt of `seat` into `out` (appends).
+    pub fn render_user(&self, seat: usize, out: &mut String) {
+        match self.rules.prompt {
+            PromptStyle::Full => self.render_user_full(seat, out),
+            PromptStyle::Compact => self.render_user_compact(seat, out),
+        }
+    }
+
+    /// What a scripted answer of `seat` says: with the full prompt a JSON object with a
+    /// stock channel line, with the compact one the commitment alone (what its prompt
+    /// asks for).
+    pub fn answer_text(&self, seat: usize, a: Action) -> String {
+        match self.rules.prompt {
+            PromptStyle::Full => answer_json(a, &canned_line(self.service[seat], a)),
+            PromptStyle::Compact => serde_json::json!({ "commitment": a.as_str() }).to_string(),
+        }
+    }
+
+    fn system_prompt_full(&self, out: &mut String) {
         out.push_str(
             "You are an on-call engineer during a ticket-presale meltdown. Four engineers each \
 own one broken service and share two production servers, PROD_A and PROD_B. Every round all \
@@ -38,9 +63,7 @@ Your channel message is shown to everybody next round.",
         );
     }
 
-    /// Render the user prompt of `seat` into `out` (appends; no allocation beyond
-    /// `out` growing).
-    pub fn render_user(&self, seat: usize, out: &mut String) {
+    fn render_user_full(&self, seat: usize, out: &mut String) {
         let r = self.round as usize;
         let t = self.rules.rounds as usize;
         out.push_str("Round ");
