@@ -117,7 +117,7 @@ mod tests {
         assert!(first.contains("Others (no moves yet):"), "{first}");
         for _ in 0..3 {
             let a = ep.continuation_action(0);
-            assert_eq!(parse_action(&a).format_ok, true, "{a}");
+            assert!(parse_action(&a).format_ok, "{a}");
             assert!(!a.contains("channel_msg"), "{a}");
             ep.step(&[a]).unwrap();
         }
