@@ -437,7 +437,7 @@ pub fn run_eval(args: EvalOptions) -> Result<()> {
     if let Some(p) = &out {
         report.write(p)?;
         if !decisions.is_empty() {
-            write_decisions(&p.with_file_name(DECISIONS_JSONL), &decisions)?;
+            write_decisions(&decisions_path(p), &decisions)?;
         }
     }
     if args.json {
@@ -452,9 +452,13 @@ pub fn run_eval(args: EvalOptions) -> Result<()> {
     Ok(())
 }
 
-/// Every decision of an evaluation, one JSON object a line (`model`, `env`,
-/// `decision`), written beside its eval.json.
-pub const DECISIONS_JSONL: &str = "eval_decisions.jsonl";
+/// Where the decisions of the evaluation written to `out` go: beside it, named after
+/// it (`eval.json` -> `eval_decisions.jsonl`), one JSON object a line (`model`, `env`,
+/// `decision`).
+pub fn decisions_path(out: &Path) -> PathBuf {
+    let stem = out.file_stem().map_or("eval".into(), |s| s.to_string_lossy());
+    out.with_file_name(format!("{stem}_decisions.jsonl"))
+}
 
 fn write_decisions(path: &Path, rows: &[serde_json::Value]) -> Result<()> {
     let mut text = String::new();
@@ -723,6 +727,18 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("--first-seed"), "{e}");
+    }
+
+    #[test]
+    fn decisions_go_beside_their_report() {
+        assert_eq!(
+            decisions_path(Path::new("runs/x/eval.json")),
+            Path::new("runs/x/eval_decisions.jsonl")
+        );
+        assert_eq!(
+            decisions_path(Path::new("base.json")),
+            Path::new("base_decisions.jsonl")
+        );
     }
 
     #[test]

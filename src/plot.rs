@@ -715,11 +715,14 @@ fn draw_held_out(chart: &mut StepChart, held: &[HeldOut]) -> Result<Vec<(String,
                     .map(|p| Circle::new(p, 5, win_color.stroke_width(2))),
             )
             .map_err(plot_err)?;
-        entries.push((
-            format!("held-out reward, {env} (95% CI)"),
-            Mark::Line(reward_color, 3),
-        ));
-        entries.push((format!("held-out win rate, {env}"), Mark::Dashed(win_color)));
+        // The legend panel is narrow: name the environment only when there are several.
+        let of = if envs.len() > 1 {
+            format!(" {env}")
+        } else {
+            String::new()
+        };
+        entries.push((format!("held-out reward{of}"), Mark::Line(reward_color, 3)));
+        entries.push((format!("held-out win rate{of}"), Mark::Dashed(win_color)));
     }
     Ok(entries)
 }
