@@ -456,7 +456,9 @@ pub fn run_eval(args: EvalOptions) -> Result<()> {
 /// it (`eval.json` -> `eval_decisions.jsonl`), one JSON object a line (`model`, `env`,
 /// `decision`).
 pub fn decisions_path(out: &Path) -> PathBuf {
-    let stem = out.file_stem().map_or("eval".into(), |s| s.to_string_lossy());
+    let stem = out
+        .file_stem()
+        .map_or("eval".into(), |s| s.to_string_lossy());
     out.with_file_name(format!("{stem}_decisions.jsonl"))
 }
 
@@ -624,18 +626,8 @@ mod tests {
     use super::*;
 
     /// A scripted policy of the environment in every policy seat.
-    struct Scripted(&'static str);
-    impl Policy for Scripted {
-        fn act(
-            &mut self,
-            episodes: &mut [&mut dyn Environment],
-            turns: &[Turn],
-        ) -> Result<Vec<String>> {
-            turns
-                .iter()
-                .map(|t| episodes[t.episode].policy_action(self.0, t.seat))
-                .collect()
-        }
+    fn scripted(name: &'static str) -> impl Policy {
+        rollout::EachTurn(move |env: &mut dyn Environment, seat| env.policy_action(name, seat))
     }
 
     fn behaviour_of(env: &str, opts: &[(&str, &str)], policy: &'static str) -> Outcomes {
@@ -644,7 +636,7 @@ mod tests {
             o.insert(k.to_string(), (*v).into());
         }
         let f = envs::create(env, &o).unwrap();
-        play_policy(f.as_ref(), 60, 0, Scripted(policy)).unwrap()
+        play_policy(f.as_ref(), 60, 0, scripted(policy)).unwrap()
     }
 
     #[test]
@@ -723,7 +715,7 @@ mod tests {
     #[test]
     fn first_seed_past_the_held_out_range_is_refused() {
         let f = envs::create("ticketmelt", &envs::Options::new()).unwrap();
-        let e = play_policy(f.as_ref(), 2, u64::MAX - 1, Scripted("heuristic"))
+        let e = play_policy(f.as_ref(), 2, u64::MAX - 1, scripted("heuristic"))
             .unwrap_err()
             .to_string();
         assert!(e.contains("--first-seed"), "{e}");

@@ -550,7 +550,8 @@ impl Tools for MergeRingFactory {
              Policies: {policies}. Pools: {pools}.\n\
              Options: agents (even, default 4), regime, level (0|1|2|\"mixed\"), noise (0.2), \
              episodes_per_session (6), warmup (1), switch_every (2), self_play (false), seat \
-             (0), reward_early, reward_late, reward_bypass, reward_collision.\n\
+             (0), reward_early, reward_late, reward_bypass, reward_collision, prompt \
+             (full|compact: the same facts in about half the tokens).\n\
              Exact graph: `concord envs graph merge_ring --agents N --json` (1 + 2*3^n states, \
              (1 + 2*3^n)*3^n state x joint-action groups).",
             n = c.agents,

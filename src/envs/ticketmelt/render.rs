@@ -449,6 +449,12 @@ POOLS
   dumb = 3 x eager; diverse = eager, alternator, nervous; mixed = dumb with probability
   dumb_fraction else diverse; self_play = every seat is the policy.
 
+PROMPTS
+  prompt = full (default): prose rules, the recent rounds with outcomes and channel
+  messages, a JSON answer with a channel message (~700 tokens). prompt = compact: terse
+  rules and one line per engineer with their last moves (~300 tokens); the answer is
+  {"commitment": "..."} alone.
+
 PRESETS
   classic: the original code (no degrade, no mirror, urgent weight 1, no urgent failure,
   no hints, win_rule weighted, threshold 0.45, peers diverse).
