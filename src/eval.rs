@@ -13,10 +13,10 @@ use crate::envs::{
 };
 use crate::model::qwen2::Qwen2;
 use crate::rng::mix_seeds as mix;
-use crate::sample::{self, GroupRequest, SamplingParams};
+use crate::sample::{self, GroupRequest, PromptKv, SamplingParams};
 use crate::task::{load_model, Renderer};
 use anyhow::{bail, Context, Result};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
 pub use crate::run::eval_report::{EnvEval, EvalReport, ModelEval, EVAL_JSON};
@@ -142,12 +142,38 @@ impl Outcomes {
 
 /// The model in every policy seat: each round's turns are sampled together,
 /// `batch` prompts per sampling call. Every turn has its own RNG stream keyed by
-/// (episode, round, seat), so results do not depend on the batching.
+/// (episode, round, seat), so results do not depend on the batching. Each seat's next
+/// prompt is prefilled on top of its last one's KV ([`sample::reuse`]): a decision
+/// prompt re-reads the session so far, and only its new tail costs a forward.
 pub struct ModelPolicy<'a> {
     pub model: &'a Qwen2,
     pub renderer: &'a dyn Renderer,
     pub params: &'a SamplingParams,
     pub batch: usize,
+    /// The KV of each (episode, seat)'s last prompt.
+    last: HashMap<(usize, usize), PromptKv>,
+    /// Prompt tokens of all calls, and how many of them were not recomputed.
+    pub prompt_tokens: usize,
+    pub reused_tokens: usize,
+}
+
+impl<'a> ModelPolicy<'a> {
+    pub fn new(
+        model: &'a Qwen2,
+        renderer: &'a dyn Renderer,
+        params: &'a SamplingParams,
+        batch: usize,
+    ) -> Self {
+        ModelPolicy {
+            model,
+            renderer,
+            params,
+            batch,
+            last: HashMap::new(),
+            prompt_tokens: 0,
+            reused_tokens: 0,
+        }
+    }
 }
 
 impl Policy for ModelPolicy<'_> {
@@ -156,6 +182,9 @@ impl Policy for ModelPolicy<'_> {
         episodes: &mut [&mut dyn Environment],
         turns: &[Turn],
     ) -> Result<Vec<String>> {
+        // An ended episode asks nothing more: its KV is memory only.
+        self.last
+            .retain(|&(e, _), _| episodes.get(e).is_some_and(|e| !e.done()));
         let decode = |ids: &[u32]| self.renderer.decode(ids);
         let mut texts = Vec::with_capacity(turns.len());
         for chunk in turns.chunks(self.batch.max(1)) {
@@ -178,8 +207,25 @@ impl Policy for ModelPolicy<'_> {
                     first_sample: 0,
                 })
                 .collect();
-            let (out, _) =
-                sample::sample_requests(self.model, &decode, &reqs, self.params, self.params.seed)?;
+            let priors: Vec<Option<&PromptKv>> = chunk
+                .iter()
+                .map(|t| self.last.get(&(t.episode, t.seat)))
+                .collect();
+            let (out, stats, kept) = sample::sample_requests_reusing(
+                self.model,
+                &decode,
+                &reqs,
+                &priors,
+                self.params,
+                self.params.seed,
+            )?;
+            self.prompt_tokens += stats.prefill_tokens;
+            self.reused_tokens += stats.reused_tokens + stats.shared_prefix_tokens;
+            for (t, kv) in chunk.iter().zip(kept) {
+                if let Some(kv) = kv {
+                    self.last.insert((t.episode, t.seat), kv);
+                }
+            }
             texts.extend(
                 out.into_iter()
                     .map(|comps| comps.into_iter().next().map(|c| c.text).unwrap_or_default()),
@@ -201,13 +247,15 @@ pub fn play(
     params: &SamplingParams,
     batch: usize,
 ) -> Result<Outcomes> {
-    let policy = ModelPolicy {
-        model,
-        renderer,
-        params,
-        batch,
-    };
-    play_policy(factory, episodes, first_seed, policy)
+    let mut policy = ModelPolicy::new(model, renderer, params, batch);
+    let out = play_policy(factory, episodes, first_seed, &mut policy)?;
+    eprintln!(
+        "  prompts: {} tokens, {} of them ({:.0}%) kept from a shared prefix or the session's last prompt",
+        policy.prompt_tokens,
+        policy.reused_tokens,
+        100.0 * policy.reused_tokens as f64 / policy.prompt_tokens.max(1) as f64
+    );
+    Ok(out)
 }
 
 /// [`play`] with any action source: the held-out episodes, the decisions recorded for

@@ -2,8 +2,8 @@
 use candle_core::{DType, Device, Tensor};
 use concord::model::qwen2::{random_weights, Mode, Qwen2, Qwen2Config};
 use concord::sample::{
-    group_requests, sample_requests_on, ChooseOn, Completion, FinishReason, GroupRequest,
-    SamplingParams,
+    group_requests, sample_requests_on, sample_requests_reusing, ChooseOn, Completion,
+    FinishReason, GroupRequest, PromptKv, SamplingParams,
 };
 
 /// A tiny model with peaky next-token distributions (scaled embeddings), so greedy
@@ -356,6 +356,99 @@ fn shared_prefix_prefill_equals_unshared(on: ChooseOn) {
         sample_requests_on(&model, &dec, &group_requests(&ps, 1), &greedy, 0, on).unwrap();
     for (i, p) in ps.iter().enumerate() {
         assert_eq!(out[i][0].ids, naive_greedy(&model, p, 10), "prompt {i}");
+    }
+}
+
+/// A session's next prompts, prefilled on top of the KV of its last ones: each
+/// completion equals sampling its prompt alone with a full prefill (tokens, and
+/// log-probs to float rounding), and only the tokens after the common prefix count as
+/// computed. Row 0 grows its history in the middle (the tail changes), row 1 repeats
+/// its prompt, row 2 diverges right after the system prompt, row 3 is a new session,
+/// row 4 gets shorter.
+#[test]
+fn reused_session_prefix_equals_full_prefill() {
+    let model = tiny_model(5);
+    let params = SamplingParams {
+        temperature: 1.0,
+        max_new_tokens: 6,
+        stop_token_ids: (0..512).step_by(13).collect(),
+        ..Default::default()
+    };
+    let sys: Vec<u32> = (0..20).map(|i| 40 + 3 * i).collect();
+    let with = |tail: &[u32]| -> Vec<u32> { sys.iter().chain(tail).copied().collect() };
+    let first = [
+        with(&[5, 6, 7, 90, 91]),
+        with(&[8, 9]),
+        with(&[10, 11, 12]),
+        with(&[13, 14, 15, 16, 17, 18]),
+    ];
+    let second = [
+        with(&[5, 6, 7, 70, 71, 72, 90, 92]),
+        with(&[8, 9]),
+        with(&[99, 11, 12, 13]),
+        with(&[1, 2, 3]),
+        with(&[13, 14]),
+    ];
+    let dec = decoder();
+    let call = |ps: &[Vec<u32>], priors: &[Option<&PromptKv>], seed: u64| {
+        let rq: Vec<GroupRequest> = ps
+            .iter()
+            .enumerate()
+            .map(|(i, p)| GroupRequest {
+                prompt: p,
+                num: 1,
+                stream_prompt: i,
+                first_sample: 0,
+            })
+            .collect();
+        sample_requests_reusing(&model, &dec, &rq, priors, &params, seed).unwrap()
+    };
+    let (_, s1, kept) = call(&first, &[None, None, None, None], 3);
+    assert_eq!(s1.reused_tokens, 0);
+    let kept: Vec<PromptKv> = kept.into_iter().map(Option::unwrap).collect();
+    for (k, p) in kept.iter().zip(&first) {
+        assert_eq!((&k.tokens, k.kv.len()), (p, p.len()));
+    }
+    // row 3 is a new session; row 4 continues row 3 of the first call
+    let priors = [
+        Some(&kept[0]),
+        Some(&kept[1]),
+        Some(&kept[2]),
+        None,
+        Some(&kept[3]),
+    ];
+    let (out, s2, kept2) = call(&second, &priors, 9);
+    // reused: 23; 21 and 21 (all but the last token); 20; 0
+    assert_eq!(s2.reused_tokens, 23 + 21 + 20 + 21);
+    assert_eq!(
+        s2.prefill_tokens,
+        second.iter().map(Vec::len).sum::<usize>()
+    );
+    for (i, p) in second.iter().enumerate() {
+        let a = alone(&model, p, i, 0, &params, 9, ChooseOn::Host);
+        let c = &out[i][0];
+        assert_eq!(c.ids, a.ids, "prompt {i}");
+        for (x, y) in c.full_logprobs.iter().zip(&a.full_logprobs) {
+            assert!((x - y).abs() < 1e-4, "prompt {i}: {x} vs {y}");
+        }
+        let k = kept2[i].as_ref().unwrap();
+        assert_eq!((&k.tokens, k.kv.len()), (p, p.len()));
+    }
+    // greedy from the reused KV: the same tokens as full recomputation
+    let greedy = SamplingParams::greedy(8);
+    let rq: Vec<GroupRequest> = second
+        .iter()
+        .enumerate()
+        .map(|(i, p)| GroupRequest {
+            prompt: p,
+            num: 1,
+            stream_prompt: i,
+            first_sample: 0,
+        })
+        .collect();
+    let (out, _, _) = sample_requests_reusing(&model, &dec, &rq, &priors, &greedy, 0).unwrap();
+    for (i, p) in second.iter().enumerate() {
+        assert_eq!(out[i][0].ids, naive_greedy(&model, p, 8), "prompt {i}");
     }
 }
 

@@ -7,7 +7,7 @@ use concord::model::lora::LoraConfig;
 use concord::model::qwen2::{random_weights, Mode, Qwen2, Qwen2Config};
 use concord::sft::data::parse_jsonl;
 use concord::sft::loss::sft_loss;
-use concord::sft::trainer::micro_step;
+use concord::sft::trainer::{micro_step, micro_step_shared};
 use std::path::Path;
 
 fn model() -> Qwen2 {
@@ -125,6 +125,58 @@ fn sft_loss_matches_hand_computation_and_only_completion_tokens_count() {
         .1;
     let g = grads.get(b.as_tensor()).unwrap();
     assert!(crate::util::max_abs(g) > 0.0);
+}
+
+/// Demonstrations that share a system prompt: putting the prefix through the model
+/// once gives the loss, the token hits and every LoRA gradient of the packed forward.
+#[test]
+fn shared_prefix_micro_step_equals_the_packed_one() {
+    let m = model();
+    for (i, (_, v)) in m.lora_vars().iter().enumerate() {
+        let t = v.as_tensor();
+        let vals: Vec<f32> = (0..t.elem_count())
+            .map(|k| 0.05 * (((k * 7 + i * 13) % 11) as f32 - 5.0) / 5.0)
+            .collect();
+        v.set(&Tensor::from_vec(vals, t.shape(), t.device()).unwrap())
+            .unwrap();
+    }
+    let sys: Vec<u32> = (0..18).map(|i| (i * 5 + 3) % 31 + 1).collect();
+    let with = |tail: &[u32]| -> Vec<u32> { sys.iter().chain(tail).copied().collect() };
+    let rows = [
+        row(&with(&[4, 9, 2]), &[5, 6]),
+        row(&with(&[7]), &[9, 10, 11]),
+        row(&with(&[12, 13, 14, 15, 16]), &[17]),
+    ];
+    let refs: Vec<&Rollout> = rows.iter().collect();
+    let (lp, hp) = micro_step(&m, &pack(&refs, 0, false).unwrap(), 6.0, Mode::Grad).unwrap();
+    let (ls, hs) = micro_step_shared(&m, &refs, 0, 6.0, Mode::Grad)
+        .unwrap()
+        .expect("18 shared tokens");
+    let (a, b) = (
+        lp.to_scalar::<f32>().unwrap(),
+        ls.to_scalar::<f32>().unwrap(),
+    );
+    assert!((a - b).abs() < 1e-5, "loss {a} vs {b}");
+    assert_eq!(hp, hs);
+    let (gp, gs) = (lp.backward().unwrap(), ls.backward().unwrap());
+    for (name, v) in m.lora_vars() {
+        let x = gp.get(v.as_tensor()).unwrap();
+        let y = gs.get(v.as_tensor()).unwrap();
+        let diff = crate::util::max_abs(&(x - y).unwrap());
+        assert!(
+            diff < 1e-5 * crate::util::max_abs(x).max(1.0),
+            "{name}: {diff}"
+        );
+    }
+    // Too short a common prefix (or one row) falls back to the packed forward.
+    let short = [row(&[1, 2, 3], &[4]), row(&[1, 2, 5], &[6])];
+    let short: Vec<&Rollout> = short.iter().collect();
+    assert!(micro_step_shared(&m, &short, 0, 2.0, Mode::Grad)
+        .unwrap()
+        .is_none());
+    assert!(micro_step_shared(&m, &refs[..1], 0, 2.0, Mode::Grad)
+        .unwrap()
+        .is_none());
 }
 
 #[test]

@@ -23,6 +23,24 @@ pub enum SftSource {
     Rejection,
 }
 
+/// How an `env` source spreads its demonstrations over the decisions it draws.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum SftBalance {
+    /// As the decisions come: each situation in proportion to how often it occurs.
+    #[default]
+    None,
+    /// Stratified by the environment's behaviour-report situations: from a pool of
+    /// [`BALANCE_POOL`] x `examples` drawn decisions, take one per situation in turn, so
+    /// rare branches of the reference policy (TICKETMELT's opening) are as well
+    /// represented as common ones until their pool runs out. Needs an environment with
+    /// a behaviour report.
+    Situation,
+}
+
+/// Decisions drawn per demonstration wanted when `balance = "situation"`.
+pub const BALANCE_POOL: usize = 8;
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct SftConfig {
@@ -41,6 +59,8 @@ pub struct SftConfig {
     pub policy: String,
     /// Demonstrations to build (`env`: one per decision; `rejection`: kept samples).
     pub examples: usize,
+    /// `env` source: how the demonstrations spread over situations.
+    pub balance: SftBalance,
     /// Rejection sampling keeps a completion whose scalar reward is at least this.
     pub min_reward: f64,
     /// Rejection sampling draws at most this many prompts (0: 8 x `examples`); each
@@ -68,6 +88,7 @@ impl Default for SftConfig {
             options: None,
             policy: "random".into(),
             examples: 256,
+            balance: SftBalance::None,
             min_reward: 1.0,
             max_prompts: 0,
             epochs: 3,
@@ -103,6 +124,12 @@ impl SftConfig {
         }
         if self.source != SftSource::Jsonl && !(1..=MAX_EXAMPLES).contains(&self.examples) {
             return Err(("examples", format!("must be in 1..={MAX_EXAMPLES}")));
+        }
+        if self.balance != SftBalance::None && self.source != SftSource::Env {
+            return Err((
+                "balance",
+                "only an `env` source can be balanced (source = \"env\")".into(),
+            ));
         }
         if !self.min_reward.is_finite() {
             return Err(("min_reward", "must be a finite number".into()));

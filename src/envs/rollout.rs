@@ -32,6 +32,17 @@ pub trait Policy {
         -> Result<Vec<String>>;
 }
 
+/// A borrowed policy plays as itself (the caller reads its state afterwards).
+impl<P: Policy + ?Sized> Policy for &mut P {
+    fn act(
+        &mut self,
+        episodes: &mut [&mut dyn Environment],
+        turns: &[Turn],
+    ) -> Result<Vec<String>> {
+        (**self).act(episodes, turns)
+    }
+}
+
 /// The environment's own continuation policy in every seat (the [`super::Scripted`]
 /// capability).
 pub struct Continuation;

@@ -430,12 +430,64 @@ impl KvCache {
         })
     }
 
+    /// Row `r`'s real columns, in order: its keys and values to seed a later cache
+    /// ([`Qwen2::cache_from_prefixes`]) that continues the same token sequence.
+    pub fn row_real(&self, r: usize) -> Result<RowKv> {
+        if r >= self.batch {
+            bail!(
+                "KvCache::row_real: row {r} out of range (batch {})",
+                self.batch
+            );
+        }
+        let ml = self.max_len;
+        let cols: Vec<u32> = (0..self.len)
+            .filter(|&j| self.key_valid[r * ml + j] != 0)
+            .map(|j| j as u32)
+            .collect();
+        let n = cols.len();
+        let dev = self
+            .k
+            .first()
+            .map(|t| t.device().clone())
+            .unwrap_or(Device::Cpu);
+        let idx = Tensor::from_vec(cols, n, &dev)?;
+        let take = |ts: &[Tensor]| -> Result<Vec<Tensor>> {
+            ts.iter()
+                .map(|t| Ok(t.narrow(0, r, 1)?.index_select(&idx, 2)?))
+                .collect()
+        };
+        Ok(RowKv {
+            k: take(&self.k)?,
+            v: take(&self.v)?,
+            len: n,
+        })
+    }
+
     /// Each row repeated `g` times consecutively: rows `[0,0,..,1,1,..]`.
     pub fn repeat_rows(&self, g: usize) -> Result<KvCache> {
         let rows: Vec<usize> = (0..self.batch)
             .flat_map(|r| std::iter::repeat_n(r, g))
             .collect();
         self.select_rows(&rows)
+    }
+}
+
+/// One row's cached keys and values (per layer `[1, KVH, len, head_dim]`, positions
+/// `0..len`), taken with [`KvCache::row_real`].
+#[derive(Debug, Clone)]
+pub struct RowKv {
+    k: Vec<Tensor>,
+    v: Vec<Tensor>,
+    len: usize,
+}
+
+impl RowKv {
+    /// Tokens (columns) held.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
     }
 }
 
@@ -1167,6 +1219,62 @@ impl Qwen2 {
 
     pub(super) fn num_layers(&self) -> usize {
         self.layers.len()
+    }
+
+    /// A cache whose row `i` holds the first `rows[i].1` columns of `rows[i].0` (a row
+    /// without one starts empty), with room for `extra` more columns: the next prompt
+    /// of a session is then prefilled from where it leaves the last one. Rows shorter
+    /// than the longest are padded with masked columns.
+    pub fn cache_from_prefixes(
+        &self,
+        rows: &[(Option<&RowKv>, usize)],
+        extra: usize,
+    ) -> Result<KvCache> {
+        let cfg = &self.cfg;
+        let keep: Vec<usize> = rows
+            .iter()
+            .map(|&(kv, n)| n.min(kv.map_or(0, |kv| kv.len)))
+            .collect();
+        let len = keep.iter().copied().max().unwrap_or(0);
+        let ml = len + extra;
+        let (h, d) = (cfg.num_key_value_heads, cfg.head_dim);
+        let layer = |li: usize, pick: fn(&RowKv) -> &Vec<Tensor>| -> Result<Tensor> {
+            let parts = rows
+                .iter()
+                .zip(&keep)
+                .map(|(&(kv, _), &n)| {
+                    let pad = Tensor::zeros((1, h, ml - n, d), self.dtype, &self.device)?;
+                    match kv {
+                        Some(kv) if n > 0 => {
+                            Ok(Tensor::cat(&[&pick(kv)[li].narrow(2, 0, n)?, &pad], 2)?)
+                        }
+                        _ => Ok(pad),
+                    }
+                })
+                .collect::<Result<Vec<_>>>()?;
+            Ok(Tensor::cat(&parts, 0)?.contiguous()?)
+        };
+        let mut k = Vec::with_capacity(cfg.num_hidden_layers);
+        let mut v = Vec::with_capacity(cfg.num_hidden_layers);
+        for li in 0..cfg.num_hidden_layers {
+            k.push(layer(li, |kv| &kv.k)?);
+            v.push(layer(li, |kv| &kv.v)?);
+        }
+        let mut key_valid = vec![0u8; rows.len() * ml];
+        for (r, &n) in keep.iter().enumerate() {
+            key_valid[r * ml..r * ml + n]
+                .iter_mut()
+                .for_each(|x| *x = 1);
+        }
+        Ok(KvCache {
+            k,
+            v,
+            batch: rows.len(),
+            max_len: ml,
+            len,
+            key_valid,
+            next_pos: keep.iter().map(|&n| n as u32).collect(),
+        })
     }
 
     /// A fresh cache for `batch` rows and up to `max_len` columns (prompt + new tokens).

@@ -28,6 +28,7 @@ use crate::model::tokenizer::Renderer;
 mod device;
 pub mod generate;
 pub mod params;
+pub mod reuse;
 pub mod row;
 pub mod stop;
 pub mod turns;
@@ -38,6 +39,7 @@ pub use generate::{
     Generated, PromptSource,
 };
 pub use params::{Completion, FinishReason, SamplingOverrides, SamplingParams};
+pub use reuse::PromptKv;
 pub use row::{row_rng, Choice, RowSampler};
 pub use stop::{check_finish, completion_text, StopMatcher};
 pub use turns::{sample_turns, Reply, Trajectory, TurnEnd, TurnEvent, TurnRow, TurnSource};
@@ -60,6 +62,9 @@ pub struct SampleStats {
     /// Of `prefill_tokens`, those not recomputed: the prompts of a call share a prefix
     /// (the system prompt), which is prefilled once and copied to every prompt's row.
     pub shared_prefix_tokens: usize,
+    /// Of `prefill_tokens`, those whose keys and values came from the same session's
+    /// previous prompt ([`sample_requests_reusing`]).
+    pub reused_tokens: usize,
     pub prefill_seconds: f64,
     /// Tokens generated over all completions.
     pub new_tokens: usize,
@@ -302,7 +307,55 @@ pub fn sample_requests_on(
     seed: u64,
     choose_on: ChooseOn,
 ) -> anyhow::Result<(Vec<Vec<Completion>>, SampleStats)> {
+    let (out, stats, _) = sample_core(model, tokenizer, requests, None, params, seed, choose_on)?;
+    Ok((out, stats))
+}
+
+/// What [`sample_requests_reusing`] returns: the completions, the counters, and per
+/// request the KV of its prompt (None for a request with nothing to sample).
+pub type Reused = (Vec<Vec<Completion>>, SampleStats, Vec<Option<PromptKv>>);
+
+/// [`sample_requests`] for prompts that continue earlier ones: request `i` is
+/// prefilled on top of the prefix it shares with `priors[i]` (the KV of the last
+/// prompt of its session, returned by the previous call). Completions are those of a
+/// full prefill, up to float rounding.
+pub fn sample_requests_reusing(
+    model: &Qwen2,
+    tokenizer: &dyn Renderer,
+    requests: &[GroupRequest],
+    priors: &[Option<&PromptKv>],
+    params: &SamplingParams,
+    seed: u64,
+) -> anyhow::Result<Reused> {
+    anyhow::ensure!(
+        priors.len() == requests.len(),
+        "{} priors for {} requests",
+        priors.len(),
+        requests.len()
+    );
+    let priors = Some(priors);
+    sample_core(
+        model,
+        tokenizer,
+        requests,
+        priors,
+        params,
+        seed,
+        ChooseOn::Auto,
+    )
+}
+
+fn sample_core(
+    model: &Qwen2,
+    tokenizer: &dyn Renderer,
+    requests: &[GroupRequest],
+    priors: Option<&[Option<&PromptKv>]>,
+    params: &SamplingParams,
+    seed: u64,
+    choose_on: ChooseOn,
+) -> anyhow::Result<Reused> {
     params.validate()?;
+    let mut kept: Vec<Option<PromptKv>> = vec![None; requests.len()];
     let mut stats = SampleStats::default();
     let mut rows: Vec<Row> = Vec::new();
     for (r, q) in requests.iter().enumerate() {
@@ -338,44 +391,26 @@ pub fn sample_requests_on(
     if !live_reqs.is_empty() {
         let device = model.device().clone();
         let t0 = Instant::now();
-        // ---- prefill: the prefix every prompt shares once, then one left-padded batch
-        // of the distinct suffixes after it (masked padding between prefix and suffix
-        // is never attended to, and RoPE positions count real tokens only).
         let live_prompts: Vec<&[u32]> = live_reqs.iter().map(|&r| requests[r].prompt).collect();
-        let lmax = live_prompts.iter().map(|pr| pr.len()).max().unwrap_or(1);
-        let shared = shared_prefix_len(&live_prompts);
-        let p = live_reqs.len();
-        let smax = lmax - shared;
-        let mut ids = vec![0u32; p * smax];
-        let mut mask = vec![0u8; p * smax];
-        for (i, pr) in live_prompts.iter().enumerate() {
-            let suffix = &pr[shared..];
-            let off = i * smax + (smax - suffix.len());
-            ids[off..off + suffix.len()].copy_from_slice(suffix);
-            mask[off..off + suffix.len()]
-                .iter_mut()
-                .for_each(|m| *m = 1);
-            stats.prefill_tokens += pr.len();
-        }
-        let mut cache = if shared > 0 {
-            stats.shared_prefix_tokens = shared * (p - 1);
-            let mut one = model.new_cache(1, lmax + params.max_new_tokens)?;
-            let prefix =
-                Tensor::from_vec(live_prompts[0][..shared].to_vec(), (1, shared), &device)?;
-            drop(model.forward_cached(&prefix, None, &mut one)?);
-            one.select_rows(&vec![0; p])?
+        let live_priors: Vec<Option<&PromptKv>> = live_reqs
+            .iter()
+            .map(|&r| priors.and_then(|p| p[r]))
+            .collect();
+        let (cache, prompt_logits) = if live_priors.iter().any(Option::is_some) {
+            let extra = params.max_new_tokens;
+            reuse::prefill_continuing(model, &live_prompts, &live_priors, extra, &mut stats)?
         } else {
-            model.new_cache(p, lmax + params.max_new_tokens)?
+            prefill_shared(model, &live_prompts, params.max_new_tokens, &mut stats)?
         };
-        let ids_t = Tensor::from_vec(ids, (p, smax), &device)?;
-        let all_real = mask.iter().all(|&m| m != 0);
-        let hidden = model.forward_cached(
-            &ids_t,
-            if all_real { None } else { Some(&mask) },
-            &mut cache,
-        )?;
-        let prompt_logits = model.last_logits(&hidden)?;
-        drop(hidden);
+        if priors.is_some() {
+            for (i, &r) in live_reqs.iter().enumerate() {
+                let tokens = live_prompts[i].to_vec();
+                kept[r] = Some(PromptKv {
+                    tokens,
+                    kv: cache.row_real(i)?,
+                });
+            }
+        }
         stats.prefill_seconds = t0.elapsed().as_secs_f64();
         let t1 = Instant::now();
 
@@ -506,7 +541,53 @@ pub fn sample_requests_on(
             full_logprobs: row.full_lps,
         });
     }
-    Ok((out, stats))
+    Ok((out, stats, kept))
+}
+
+/// Prefill: the prefix every prompt shares once, then one left-padded batch of the
+/// distinct suffixes after it (masked padding between prefix and suffix is never
+/// attended to, and RoPE positions count real tokens only). Returns the cache (room
+/// for `extra` more columns) and every prompt's last-position logits.
+fn prefill_shared(
+    model: &Qwen2,
+    prompts: &[&[u32]],
+    extra: usize,
+    stats: &mut SampleStats,
+) -> anyhow::Result<(crate::model::qwen2::KvCache, Tensor)> {
+    let device = model.device().clone();
+    let lmax = prompts.iter().map(|pr| pr.len()).max().unwrap_or(1);
+    let shared = shared_prefix_len(prompts);
+    let p = prompts.len();
+    let smax = lmax - shared;
+    let mut ids = vec![0u32; p * smax];
+    let mut mask = vec![0u8; p * smax];
+    for (i, pr) in prompts.iter().enumerate() {
+        let suffix = &pr[shared..];
+        let off = i * smax + (smax - suffix.len());
+        ids[off..off + suffix.len()].copy_from_slice(suffix);
+        mask[off..off + suffix.len()]
+            .iter_mut()
+            .for_each(|m| *m = 1);
+        stats.prefill_tokens += pr.len();
+    }
+    let mut cache = if shared > 0 {
+        stats.shared_prefix_tokens = shared * (p - 1);
+        let mut one = model.new_cache(1, lmax + extra)?;
+        let prefix = Tensor::from_vec(prompts[0][..shared].to_vec(), (1, shared), &device)?;
+        drop(model.forward_cached(&prefix, None, &mut one)?);
+        one.select_rows(&vec![0; p])?
+    } else {
+        model.new_cache(p, lmax + extra)?
+    };
+    let ids_t = Tensor::from_vec(ids, (p, smax), &device)?;
+    let all_real = mask.iter().all(|&m| m != 0);
+    let hidden = model.forward_cached(
+        &ids_t,
+        if all_real { None } else { Some(&mask) },
+        &mut cache,
+    )?;
+    let logits = model.last_logits(&hidden)?;
+    Ok((cache, logits))
 }
 
 /// Shortest shared prefix worth prefilling once (below it, one more forward call costs

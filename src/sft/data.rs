@@ -6,7 +6,7 @@
 //! data stops the run with nothing written. A JSONL error names the file, the line and
 //! the field.
 use crate::chat::{check_messages, Message};
-use crate::config::sft::SftConfig;
+use crate::config::sft::{SftBalance, SftConfig, BALANCE_POOL};
 use crate::config::{Config, GrpoConfig};
 use crate::envs::{self, EnvFactory};
 use crate::model::qwen2::Qwen2;
@@ -103,12 +103,14 @@ pub fn source_env(cfg: &Config, s: &SftConfig) -> Result<(String, envs::Options)
 
 /// `n` demonstrations of scripted `policy`: decision `i` is
 /// [`envs::sample_decision`] of a training seed drawn from `(seed, i)`, and its
-/// completion the text the policy plays for that seat there.
+/// completion the text the policy plays for that seat there. With
+/// `SftBalance::Situation` the decisions are stratified by situation (see the key).
 pub fn scripted_demos(
     factory: &dyn EnvFactory,
     policy: &str,
     n: usize,
     seed: u64,
+    balance: SftBalance,
 ) -> Result<Vec<Demo>> {
     if !factory.policies().is_empty() && !factory.policies().contains(&policy) {
         bail!(
@@ -117,9 +119,14 @@ pub fn scripted_demos(
             factory.policies().join(", ")
         );
     }
-    (0..n as u64)
-        .map(|i| {
-            let mut d = envs::sample_decision(factory, envs::training_seed(mix(seed, i)));
+    let draw = |i: usize| envs::sample_decision(factory, envs::training_seed(mix(seed, i as u64)));
+    let decisions: Vec<envs::Decision> = match balance {
+        SftBalance::None => (0..n).map(draw).collect(),
+        SftBalance::Situation => balanced_decisions(factory, n, draw)?,
+    };
+    decisions
+        .into_iter()
+        .map(|mut d| {
             let completion = d
                 .env
                 .policy_action(policy, d.seat)
@@ -130,6 +137,51 @@ pub fn scripted_demos(
             })
         })
         .collect()
+}
+
+/// `n` decisions from a pool of `BALANCE_POOL * n` draws: one per situation in turn
+/// (situations in report order, each in draw order), skipping situations whose share
+/// of the pool is used up.
+fn balanced_decisions(
+    factory: &dyn EnvFactory,
+    n: usize,
+    draw: impl Fn(usize) -> envs::Decision,
+) -> Result<Vec<envs::Decision>> {
+    let probe = factory.reset(0);
+    let Some(b) = probe.as_behaviour() else {
+        bail!(
+            "sft.balance: `situation` needs an environment with a behaviour report; {} has none",
+            factory.name()
+        );
+    };
+    let names = b.situations();
+    let mut pools: Vec<std::collections::VecDeque<envs::Decision>> =
+        names.iter().map(|_| Default::default()).collect();
+    for i in 0..BALANCE_POOL * n {
+        let d = draw(i);
+        let situation = d
+            .env
+            .as_behaviour()
+            .map(|b| b.view(d.seat).situation)
+            .context("sft.balance: the environment lost its behaviour report")?;
+        let k = names
+            .iter()
+            .position(|&s| s == situation)
+            .with_context(|| {
+                format!("sft.balance: situation `{situation}` is not in the environment's list")
+            })?;
+        pools[k].push_back(d);
+    }
+    let mut out = Vec::with_capacity(n);
+    // The pool holds at least `n` decisions, so every pass takes one until it has `n`.
+    while out.len() < n && pools.iter().any(|p| !p.is_empty()) {
+        for pool in pools.iter_mut() {
+            if out.len() < n {
+                out.extend(pool.pop_front());
+            }
+        }
+    }
+    Ok(out)
 }
 
 /// Rejection sampling: draw prompts of `task` in rounds of `g.prompts_per_step`, sample
@@ -214,4 +266,67 @@ pub fn tokenize(demos: &[Demo], renderer: &dyn Renderer, where_: &str) -> Result
             })
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn situations(factory: &dyn EnvFactory, ds: &[envs::Decision]) -> Vec<&'static str> {
+        let names = factory.reset(0).as_behaviour().unwrap().situations();
+        let mut count = vec![0usize; names.len()];
+        for d in ds {
+            let s = d.env.as_behaviour().unwrap().view(d.seat).situation;
+            count[names.iter().position(|&n| n == s).unwrap()] += 1;
+        }
+        // situation names repeated by count, for readable assertions
+        names
+            .iter()
+            .zip(count)
+            .flat_map(|(&n, c)| std::iter::repeat_n(n, c))
+            .collect()
+    }
+
+    #[test]
+    fn balancing_by_situation_lifts_rare_branches() {
+        let f = envs::create("ticketmelt", &envs::Options::new()).unwrap();
+        let draw =
+            |i: usize| envs::sample_decision(f.as_ref(), envs::training_seed(mix(3, i as u64)));
+        let n = 120;
+        let natural: Vec<_> = (0..n).map(draw).collect();
+        let balanced = balanced_decisions(f.as_ref(), n, draw).unwrap();
+        assert_eq!(balanced.len(), n);
+        let count = |v: &[&str], s: &str| v.iter().filter(|&&x| x == s).count();
+        let (nat, bal) = (
+            situations(f.as_ref(), &natural),
+            situations(f.as_ref(), &balanced),
+        );
+        // Each of the six situations gets n / 6 = 20 when its pool of 960 draws has them.
+        for s in f.reset(0).as_behaviour().unwrap().situations() {
+            assert!(count(&bal, s) <= 20 || count(&nat, s) > 20, "{s}: {bal:?}");
+        }
+        assert_eq!(count(&bal, "opening_slack"), 20, "{bal:?}");
+        assert!(count(&nat, "opening_slack") < 10, "{nat:?}");
+        assert!(count(&nat, "restored") > 30 && count(&bal, "restored") == 20);
+        // Deterministic per seed.
+        let again = balanced_decisions(f.as_ref(), n, draw).unwrap();
+        let seeds = |v: &[envs::Decision]| v.iter().map(|d| (d.seed, d.seat)).collect::<Vec<_>>();
+        assert_eq!(seeds(&balanced), seeds(&again));
+    }
+
+    #[test]
+    fn balancing_needs_a_behaviour_report() {
+        let f = envs::create("whispers", &envs::Options::new()).unwrap();
+        let e = scripted_demos(f.as_ref(), "random", 4, 1, SftBalance::Situation)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e.contains("sft.balance") && e.contains("whispers"), "{e}");
+        assert_eq!(
+            scripted_demos(f.as_ref(), "random", 4, 1, SftBalance::None)
+                .unwrap()
+                .len(),
+            4
+        );
+    }
 }

@@ -60,7 +60,8 @@ pub fn build_examples(
             let (name, opts) = data::source_env(cfg, s)?;
             let factory =
                 crate::envs::create(&name, &opts).with_context(|| format!("sft.env `{name}`"))?;
-            let demos = data::scripted_demos(factory.as_ref(), &s.policy, s.examples, seed)?;
+            let demos =
+                data::scripted_demos(factory.as_ref(), &s.policy, s.examples, seed, s.balance)?;
             data::tokenize(&demos, renderer, &format!("sft.env `{name}`"))?
         }
         SftSource::Rejection => {

@@ -200,11 +200,18 @@ impl<'m> SftTrainer<'m> {
         }
         for (mi, micro) in split.micro_batches.iter().enumerate() {
             let refs: Vec<&Rollout> = micro.rows.iter().map(|&i| &rows[i]).collect();
-            let packed = pack(&refs, self.pad_id, false)?;
             let mode = Mode::Train {
                 dropout_seed: mix(step_seed, mi as u64),
             };
-            let (l, h) = micro_step(self.model, &packed, num_tokens as f64, mode)?;
+            let n = num_tokens as f64;
+            let shared = match self.optim.share_prompt {
+                true => micro_step_shared(self.model, &refs, self.pad_id, n, mode)?,
+                false => None,
+            };
+            let (l, h) = match shared {
+                Some(out) => out,
+                None => micro_step(self.model, &pack(&refs, self.pad_id, false)?, n, mode)?,
+            };
             loss += l.to_scalar::<f32>()? as f64;
             hits += h;
             self.opt.accumulate(&mut acc, &l.backward()?)?;
@@ -276,6 +283,80 @@ fn as_rollout(e: &Example) -> Rollout {
         old_logp: None,
         sampler_logp: None,
     }
+}
+
+/// Fewest common prompt tokens worth a shared-prefix forward (below it the second
+/// stream costs more than it saves).
+pub const MIN_SHARED_PREFIX: usize = 16;
+
+/// [`micro_step`] with the micro-batch's common prompt prefix (the system prompt of an
+/// environment's demonstrations) through the model once, its keys and values shared by
+/// every row ([`Qwen2::forward_shared_prefix`]): the same loss and gradient, on fewer
+/// tokens. `None` when the rows share fewer than [`MIN_SHARED_PREFIX`] tokens (each row
+/// keeps at least one prompt token of its own, whose logits predict its completion).
+pub fn micro_step_shared(
+    model: &Qwen2,
+    rows: &[&Rollout],
+    pad_id: u32,
+    num_tokens: f64,
+    mode: Mode,
+) -> Result<Option<(Tensor, usize)>> {
+    let Some((first, rest)) = rows.split_first() else {
+        return Ok(None);
+    };
+    let mut shared = rows
+        .iter()
+        .map(|r| r.prompt_ids.len())
+        .min()
+        .unwrap_or(0)
+        .saturating_sub(1);
+    for r in rest {
+        let common = first.prompt_ids.iter().zip(&r.prompt_ids);
+        shared = shared.min(common.take_while(|(a, b)| a == b).count());
+    }
+    if rest.is_empty() || shared < MIN_SHARED_PREFIX {
+        return Ok(None);
+    }
+    // Per row: its own prompt tokens left-padded to `own`, then its completion
+    // right-padded to `comp` (the completion starts at the same column in every row).
+    let own = rows
+        .iter()
+        .map(|r| r.prompt_ids.len() - shared)
+        .max()
+        .unwrap_or(1);
+    let comp = rows
+        .iter()
+        .map(|r| r.completion_ids.len())
+        .max()
+        .unwrap_or(0);
+    let (g, w) = (rows.len(), own + comp);
+    let mut ids = vec![pad_id; g * w];
+    let mut attn = vec![0u8; g * w];
+    let mut targets = vec![pad_id; g * comp];
+    let mut mask = vec![0f32; g * comp];
+    for (i, r) in rows.iter().enumerate() {
+        let mine = &r.prompt_ids[shared..];
+        let at = i * w + own - mine.len();
+        ids[at..at + mine.len()].copy_from_slice(mine);
+        attn[at..i * w + own].iter_mut().for_each(|a| *a = 1);
+        for (j, &t) in r.completion_ids.iter().enumerate() {
+            ids[i * w + own + j] = t;
+            attn[i * w + own + j] = 1;
+            targets[i * comp + j] = t;
+            mask[i * comp + j] = r.env_mask.get(j).copied().unwrap_or(0.0);
+        }
+    }
+    let dev = model.device().clone();
+    let prefix = Tensor::from_vec(first.prompt_ids[..shared].to_vec(), (1, shared), &dev)?;
+    let ids = Tensor::from_vec(ids, (g, w), &dev)?;
+    let (_, hidden) = model.forward_shared_prefix(&prefix, &ids, Some(&attn), mode)?;
+    let h = hidden.narrow(1, own - 1, comp)?;
+    let targets_t = Tensor::from_vec(targets.clone(), (g, comp), &dev)?;
+    let lp = model.token_logprobs(&h, &targets_t, 1.0, false)?.logprobs;
+    let mask_t = Tensor::from_vec(mask.clone(), (g, comp), &dev)?;
+    let loss = sft_loss(&lp, &mask_t, num_tokens)?;
+    let hits = token_hits(model, &h, &targets, &mask)?;
+    Ok(Some((loss, hits)))
 }
 
 /// Forward one packed micro-batch: its loss share (`sum of completion NLL /
