@@ -391,16 +391,7 @@ fn reused_session_prefix_equals_full_prefill() {
     ];
     let dec = decoder();
     let call = |ps: &[Vec<u32>], priors: &[Option<&PromptKv>], seed: u64| {
-        let rq: Vec<GroupRequest> = ps
-            .iter()
-            .enumerate()
-            .map(|(i, p)| GroupRequest {
-                prompt: p,
-                num: 1,
-                stream_prompt: i,
-                first_sample: 0,
-            })
-            .collect();
+        let rq = group_requests(ps, 1);
         sample_requests_reusing(&model, &dec, &rq, priors, &params, seed).unwrap()
     };
     let (_, s1, kept) = call(&first, &[None, None, None, None], 3);
@@ -436,16 +427,7 @@ fn reused_session_prefix_equals_full_prefill() {
     }
     // greedy from the reused KV: the same tokens as full recomputation
     let greedy = SamplingParams::greedy(8);
-    let rq: Vec<GroupRequest> = second
-        .iter()
-        .enumerate()
-        .map(|(i, p)| GroupRequest {
-            prompt: p,
-            num: 1,
-            stream_prompt: i,
-            first_sample: 0,
-        })
-        .collect();
+    let rq = group_requests(&second, 1);
     let (out, _, _) = sample_requests_reusing(&model, &dec, &rq, &priors, &greedy, 0).unwrap();
     for (i, p) in second.iter().enumerate() {
         assert_eq!(out[i][0].ids, naive_greedy(&model, p, 8), "prompt {i}");

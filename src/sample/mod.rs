@@ -558,18 +558,9 @@ fn prefill_shared(
     let lmax = prompts.iter().map(|pr| pr.len()).max().unwrap_or(1);
     let shared = shared_prefix_len(prompts);
     let p = prompts.len();
-    let smax = lmax - shared;
-    let mut ids = vec![0u32; p * smax];
-    let mut mask = vec![0u8; p * smax];
-    for (i, pr) in prompts.iter().enumerate() {
-        let suffix = &pr[shared..];
-        let off = i * smax + (smax - suffix.len());
-        ids[off..off + suffix.len()].copy_from_slice(suffix);
-        mask[off..off + suffix.len()]
-            .iter_mut()
-            .for_each(|m| *m = 1);
-        stats.prefill_tokens += pr.len();
-    }
+    let suffixes: Vec<&[u32]> = prompts.iter().map(|pr| &pr[shared..]).collect();
+    let (ids, mask, smax) = left_padded(&suffixes);
+    stats.prefill_tokens += prompts.iter().map(|pr| pr.len()).sum::<usize>();
     let mut cache = if shared > 0 {
         stats.shared_prefix_tokens = shared * (p - 1);
         let mut one = model.new_cache(1, lmax + extra)?;
@@ -588,6 +579,20 @@ fn prefill_shared(
     )?;
     let logits = model.last_logits(&hidden)?;
     Ok((cache, logits))
+}
+
+/// `rows` left-padded to the longest: `(ids, mask, width)`, row-major, mask 1 on real
+/// tokens (padding ids are 0).
+pub(crate) fn left_padded(rows: &[&[u32]]) -> (Vec<u32>, Vec<u8>, usize) {
+    let w = rows.iter().map(|r| r.len()).max().unwrap_or(0);
+    let mut ids = vec![0u32; rows.len() * w];
+    let mut mask = vec![0u8; rows.len() * w];
+    for (i, r) in rows.iter().enumerate() {
+        let off = i * w + w - r.len();
+        ids[off..off + r.len()].copy_from_slice(r);
+        mask[off..off + r.len()].iter_mut().for_each(|m| *m = 1);
+    }
+    (ids, mask, w)
 }
 
 /// Shortest shared prefix worth prefilling once (below it, one more forward call costs

@@ -47,12 +47,10 @@ pub fn prefill_continuing(
         .zip(priors)
         .map(|(p, prior)| reusable(*prior, p))
         .collect();
-    let smax = prompts
-        .iter()
-        .zip(&keep)
-        .map(|(p, &k)| p.len() - k)
-        .max()
-        .unwrap_or(1);
+    let suffixes: Vec<&[u32]> = prompts.iter().zip(&keep).map(|(p, &k)| &p[k..]).collect();
+    let (ids, mask, smax) = super::left_padded(&suffixes);
+    stats.prefill_tokens += prompts.iter().map(|p| p.len()).sum::<usize>();
+    stats.reused_tokens += keep.iter().sum::<usize>();
     let rows: Vec<(Option<&RowKv>, usize)> = priors
         .iter()
         .zip(&keep)
@@ -60,18 +58,6 @@ pub fn prefill_continuing(
         .collect();
     let mut cache = model.cache_from_prefixes(&rows, smax + extra)?;
     let b = prompts.len();
-    let mut ids = vec![0u32; b * smax];
-    let mut mask = vec![0u8; b * smax];
-    for (i, (p, &k)) in prompts.iter().zip(&keep).enumerate() {
-        let suffix = &p[k..];
-        let off = i * smax + (smax - suffix.len());
-        ids[off..off + suffix.len()].copy_from_slice(suffix);
-        mask[off..off + suffix.len()]
-            .iter_mut()
-            .for_each(|m| *m = 1);
-        stats.prefill_tokens += p.len();
-        stats.reused_tokens += k;
-    }
     let ids_t = Tensor::from_vec(ids, (b, smax), model.device())?;
     let all_real = mask.iter().all(|&m| m != 0);
     let hidden = model.forward_cached(&ids_t, (!all_real).then_some(&mask[..]), &mut cache)?;
