@@ -291,7 +291,12 @@ fn sigterm_writes_a_checkpoint_and_the_run_resumes_from_any_directory() {
     let last = cks[0];
     assert_eq!(log_rows(&run_dir), last);
 
-    // The run's config.toml records absolute paths...
+    // The run's config.toml names no path of this machine: its paths are relative to
+    // the run directory, and load as the absolute ones they stand for...
+    let text = std::fs::read_to_string(run_dir.join("config.toml")).unwrap();
+    assert!(!text.contains(d.path().to_str().unwrap()), "{text}");
+    assert!(text.contains("output_dir = \"..\""), "{text}");
+    assert!(text.contains("name = \"../../models/tiny\""), "{text}");
     let saved = Config::load(&run_dir.join("config.toml"), &[]).unwrap();
     assert_eq!(saved.run.output_dir, base.join("runs"));
     assert_eq!(

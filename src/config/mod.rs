@@ -64,6 +64,27 @@ pub struct RunConfig {
     /// Held-out episodes per environment in each of those evaluations (the first ones
     /// of `concord eval`'s set).
     pub eval_episodes: usize,
+    /// What the relative paths of this file are relative to: the current directory
+    /// (a config you write), or the directory holding the file (the `config.toml` a run
+    /// records, so that it names no path of the machine it ran on).
+    #[serde(skip_serializing_if = "PathsBase::is_cwd")]
+    pub paths_relative_to: PathsBase,
+}
+
+/// See [`RunConfig::paths_relative_to`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum PathsBase {
+    #[default]
+    Cwd,
+    /// The directory of the config file (a run's own directory).
+    ConfigDir,
+}
+
+impl PathsBase {
+    fn is_cwd(&self) -> bool {
+        *self == PathsBase::Cwd
+    }
 }
 
 impl Default for RunConfig {
@@ -78,6 +99,7 @@ impl Default for RunConfig {
             save_total_limit: 0,
             eval_every: 0,
             eval_episodes: 20,
+            paths_relative_to: PathsBase::Cwd,
         }
     }
 }
@@ -609,11 +631,45 @@ struct Source<'a> {
 }
 
 impl Config {
-    /// Read `path`, apply `--set` overrides (`section.key=value`), validate.
+    /// Read `path`, apply `--set` overrides (`section.key=value`), validate. A file with
+    /// `run.paths_relative_to = "config_dir"` (a run's recorded config.toml) has its
+    /// paths resolved against its own directory here.
     pub fn load(path: &Path, sets: &[String]) -> Result<Config> {
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("reading config {}", path.display()))?;
-        Self::from_toml_str(&text, &path.display().to_string(), sets)
+        let mut cfg = Self::from_toml_str(&text, &path.display().to_string(), sets)?;
+        if cfg.run.paths_relative_to == PathsBase::ConfigDir {
+            let dir = path.parent().unwrap_or(Path::new("."));
+            let dir = if dir.as_os_str().is_empty() {
+                Path::new(".")
+            } else {
+                dir
+            };
+            cfg.resolve_paths(&std::path::absolute(dir).unwrap_or(dir.to_path_buf()));
+            cfg.run.paths_relative_to = PathsBase::Cwd;
+        }
+        Ok(cfg)
+    }
+
+    /// This (resolved) config as a run records it in `run_dir/config.toml`: its
+    /// absolute paths rewritten relative to `run_dir`, and marked so, so the file names
+    /// no path of this machine and the run directory can be moved with what it uses.
+    pub fn to_run_toml(&self, run_dir: &Path) -> Result<String> {
+        let mut c = self.clone();
+        let rel = |p: &Path| relative_path(p, run_dir).unwrap_or_else(|| p.to_path_buf());
+        c.run.output_dir = rel(&c.run.output_dir);
+        let name = Path::new(&c.model.name);
+        if name.is_absolute() {
+            c.model.name = rel(name).display().to_string();
+        }
+        if let Some(a) = &c.model.adapter {
+            c.model.adapter = Some(rel(a));
+        }
+        if let Some(p) = c.sft.as_mut().and_then(|s| s.path.as_mut()) {
+            *p = rel(p);
+        }
+        c.run.paths_relative_to = PathsBase::ConfigDir;
+        c.to_toml_string()
     }
 
     /// Parse `text` (named `origin` in errors), apply overrides, validate.
@@ -845,7 +901,7 @@ impl Config {
             } else {
                 base.join(p)
             };
-            std::path::absolute(&joined).unwrap_or(joined)
+            lexical_normal(&std::path::absolute(&joined).unwrap_or(joined))
         };
         self.run.output_dir = abs(&self.run.output_dir);
         let name = self.model.name.trim();
@@ -869,6 +925,50 @@ impl Config {
             *p = abs(p);
         }
     }
+}
+
+/// `p` without `.` components and with each `..` taking off the component before it
+/// (a recorded `../../.models/m.gguf` read from `runs/NAME/` names `.models/m.gguf`).
+fn lexical_normal(p: &Path) -> PathBuf {
+    use std::path::Component;
+    let mut out = PathBuf::new();
+    for c in p.components() {
+        match c {
+            Component::CurDir => {}
+            Component::ParentDir
+                if matches!(out.components().next_back(), Some(Component::Normal(_))) =>
+            {
+                out.pop();
+            }
+            c => out.push(c.as_os_str()),
+        }
+    }
+    out
+}
+
+/// `target` relative to `base` (both absolute): `None` when they share no root.
+pub fn relative_path(target: &Path, base: &Path) -> Option<PathBuf> {
+    use std::path::Component;
+    if !target.is_absolute() || !base.is_absolute() {
+        return None;
+    }
+    let t: Vec<Component> = target.components().collect();
+    let b: Vec<Component> = base.components().collect();
+    if t.first() != b.first() {
+        return None;
+    }
+    let common = t.iter().zip(&b).take_while(|(x, y)| x == y).count();
+    let mut out = PathBuf::new();
+    for _ in common..b.len() {
+        out.push("..");
+    }
+    for c in &t[common..] {
+        out.push(c.as_os_str());
+    }
+    if out.as_os_str().is_empty() {
+        out.push(".");
+    }
+    Some(out)
 }
 
 /// Put a file name and line on an error raised while building the environments of
@@ -1064,6 +1164,48 @@ mod tests {
     use super::*;
 
     const MIN: &str = "[model]\nname = \"tiny\"\n[env]\nname = \"ticketmelt\"\n";
+
+    #[test]
+    fn recorded_paths_are_relative_to_the_run_directory_and_load_back() {
+        let rel = |t: &str, b: &str| relative_path(Path::new(t), Path::new(b)).unwrap();
+        assert_eq!(rel("/w/runs", "/w/runs/r"), PathBuf::from(".."));
+        assert_eq!(
+            rel("/w/.models/m.gguf", "/w/runs/r"),
+            PathBuf::from("../../.models/m.gguf")
+        );
+        assert_eq!(rel("/w/runs/r/sft", "/w/runs/r"), PathBuf::from("sft"));
+        assert_eq!(rel("/w/runs/r", "/w/runs/r"), PathBuf::from("."));
+        assert!(relative_path(Path::new("runs"), Path::new("/w")).is_none());
+        assert_eq!(
+            lexical_normal(Path::new("/w/runs/r/../../.models/./m.gguf")),
+            PathBuf::from("/w/.models/m.gguf")
+        );
+        // A run's config round-trips: written relative and marked, read back absolute.
+        let d = tempfile::tempdir().unwrap();
+        let base = std::path::absolute(d.path()).unwrap();
+        std::fs::create_dir_all(base.join("m")).unwrap();
+        let mut cfg = Config::from_toml_str(
+            "[run]\nname = \"r\"\n[model]\nname = \"m\"\n[env]\nname = \"ticketmelt\"\n",
+            "test",
+            &[],
+        )
+        .unwrap();
+        cfg.resolve_paths(&base);
+        let run_dir = cfg.run_dir();
+        std::fs::create_dir_all(&run_dir).unwrap();
+        let text = cfg.to_run_toml(&run_dir).unwrap();
+        assert!(!text.contains(base.to_str().unwrap()), "{text}");
+        assert!(
+            text.contains("paths_relative_to = \"config_dir\""),
+            "{text}"
+        );
+        std::fs::write(run_dir.join("config.toml"), &text).unwrap();
+        let back = Config::load(&run_dir.join("config.toml"), &[]).unwrap();
+        assert_eq!(back.run.output_dir, base.join("runs"));
+        assert_eq!(back.model.name, base.join("m").display().to_string());
+        assert_eq!(back.run.paths_relative_to, PathsBase::Cwd);
+        assert_eq!(back.run_dir(), run_dir);
+    }
 
     #[test]
     fn defaults_match_trl() {

@@ -171,7 +171,7 @@ impl Trainer {
         if root {
             crate::atomic::atomic_write_bytes(
                 &run_dir.join("config.toml"),
-                cfg.to_toml_string()?.as_bytes(),
+                cfg.to_run_toml(&run_dir)?.as_bytes(),
             )?;
         }
         if state.csv_header.is_empty() {
@@ -706,9 +706,7 @@ fn check_resume_keys(cfg: &Config, run_dir: &Path) -> Result<()> {
     if !saved_path.exists() {
         return Ok(());
     }
-    let text = std::fs::read_to_string(&saved_path)
-        .with_context(|| format!("reading {}", saved_path.display()))?;
-    let mut saved = Config::from_toml_str(&text, &saved_path.display().to_string(), &[])?;
+    let mut saved = Config::load(&saved_path, &[])?;
     saved.resolve_paths(&std::env::current_dir()?);
     let changed = cfg.frozen_changes(&saved);
     if !changed.is_empty() {

@@ -107,7 +107,7 @@ impl<'m> SftTrainer<'m> {
         state.csv_header = log::sft_header();
         crate::atomic::atomic_write_bytes(
             &run_dir.join("config.toml"),
-            cfg.to_toml_string()?.as_bytes(),
+            cfg.to_run_toml(&run_dir)?.as_bytes(),
         )?;
         let n = examples.len();
         let total_steps = sft.total_steps(n);
