@@ -9,7 +9,7 @@
 //! the per-server outcomes (a collision shows as the server being down).
 
 use super::rules::Ticketmelt;
-use super::{Action, UrgentFailure, SEATS};
+use super::{Action, PromptStyle, UrgentFailure, SEATS};
 use std::fmt::Write as _;
 
 impl Ticketmelt {
@@ -32,6 +32,40 @@ progresses.",
 (MONITOR) to engineers with less spare. Spare = rounds left including this one minus steps \
 left. Moves: A, B, M (MONITOR).",
         );
+        if self.rules.prompt == PromptStyle::Reasoned {
+            out.push_str(REASONED_FORMAT);
+        }
+    }
+
+    /// The reasoned answer of `seat` committing to `a`: the working the heuristic
+    /// reads the state with (each other engineer's expected move, the servers up with
+    /// nobody expected), then `a`.
+    pub(super) fn reasoned_answer(&self, seat: usize, a: Action) -> String {
+        let next: Vec<String> = (0..SEATS)
+            .filter(|&k| k != seat)
+            .map(|k| {
+                let m = match self.expected_move(k) {
+                    _ if self.completed[k] > 0 => '-',
+                    None => '?',
+                    Some(Action::Monitor) => '-',
+                    Some(m) => move_letter(m),
+                };
+                format!("e{} {m}", k + 1)
+            })
+            .collect();
+        let (pred, _) = self.predicted(seat);
+        let free: String = (0..2)
+            .filter(|&s| pred[s] == 0 && !self.degraded(s))
+            .map(|s| ['A', 'B'][s])
+            .collect();
+        let free = if free.is_empty() { "none".into() } else { free };
+        // Written by hand: the working must come before the commitment (a JSON map
+        // would sort the keys), and every value is plain ASCII.
+        format!(
+            "{{\"next\": \"{}\", \"free\": \"{free}\", \"commitment\": \"{}\"}}",
+            next.join(", "),
+            a.as_str()
+        )
     }
 
     pub(super) fn render_user_compact(&self, seat: usize, out: &mut String) {
@@ -63,6 +97,10 @@ left. Moves: A, B, M (MONITOR).",
             }
             out.push('\n');
         }
+        if self.rules.prompt == PromptStyle::Reasoned {
+            out.push_str("Reply with the JSON object only.\n");
+            return;
+        }
         out.push_str(
             "Reply with JSON only, one of:\n{\"commitment\": \"DEPLOY_PROD_A\"}\n\
 {\"commitment\": \"DEPLOY_PROD_B\"}\n{\"commitment\": \"MONITOR\"}\n",
@@ -88,6 +126,14 @@ left. Moves: A, B, M (MONITOR).",
         }
     }
 }
+
+/// The reasoned answer format, at the end of the system prompt (shared by every
+/// decision, so it costs one prefill per batch).
+const REASONED_FORMAT: &str = " Answer with one JSON object: \"next\": each other engineer's \
+expected move (after A then B expect A, after B then A expect B, else their last move; - \
+for M or restored, ? before any moves), \"free\": the servers that are up with nobody \
+expected (A, B, AB or none), then \"commitment\": DEPLOY_PROD_A, DEPLOY_PROD_B or MONITOR. \
+Example: {\"next\": \"e2 A, e3 -, e4 B\", \"free\": \"none\", \"commitment\": \"MONITOR\"}";
 
 fn move_letter(a: Action) -> char {
     match a {
@@ -150,6 +196,56 @@ mod tests {
         let len =
             |e: &Ticketmelt| -> usize { e.observation(0).iter().map(|m| m.content.len()).sum() };
         assert!(len(&full) > 2 * len(&ep), "{} vs {}", len(&full), len(&ep));
+    }
+
+    #[test]
+    fn reasoned_answers_show_the_heuristics_working_then_commit() {
+        let rules = Rules {
+            prompt: PromptStyle::Reasoned,
+            ..Rules::default_preset()
+        };
+        let mut ep = Ticketmelt::new(rules, 11);
+        let sys = ep.observation(0)[0].content.clone();
+        assert!(sys.contains("\"next\": each other engineer's"), "{sys}");
+        let user = ep.observation(0)[1].content.clone();
+        assert!(
+            user.ends_with("Reply with the JSON object only.\n"),
+            "{user}"
+        );
+        // Before any move nothing is expected, and every server that is up is free.
+        let a = ep.policy_action("heuristic", 0).unwrap();
+        assert!(
+            a.starts_with("{\"next\": \"e2 ?, e3 ?, e4 ?\", \"free\": \"AB\", "),
+            "{a}"
+        );
+        // Hand-set history: e2 alternates A then B (expect A), e3 monitored, e4 stays
+        // on B; so A and B are both taken.
+        ep.round = 2;
+        ep.acts[0][1] = Action::DeployA;
+        ep.acts[1][1] = Action::DeployB;
+        ep.acts[0][2] = Action::DeployA;
+        ep.acts[1][2] = Action::Monitor;
+        ep.acts[0][3] = Action::DeployB;
+        ep.acts[1][3] = Action::DeployB;
+        ep.completed = [0; SEATS];
+        assert!(
+            !ep.degraded(0) && !ep.degraded(1),
+            "no collision was recorded"
+        );
+        let text = ep.reasoned_answer(0, Action::Monitor);
+        assert_eq!(
+            text,
+            "{\"next\": \"e2 A, e3 -, e4 B\", \"free\": \"none\", \"commitment\": \"MONITOR\"}"
+        );
+        let p = parse_action(&text);
+        assert!(p.format_ok && p.how == parse::ParseHow::Json, "{p:?}");
+        assert_eq!(p.action, Action::Monitor);
+        // e2 restored: nothing expected of it, and A is free unless it is down.
+        ep.completed[1] = 1;
+        let text = ep.reasoned_answer(0, Action::DeployA);
+        let head = "{\"next\": \"e2 -, e3 -, e4 B\", \"free\": \"A\", ";
+        assert!(text.starts_with(head), "{text}");
+        assert_eq!(parse_action(&text).action, Action::DeployA);
     }
 
     #[test]

@@ -205,6 +205,21 @@ pub enum PromptStyle {
     /// Terse rules and one line per engineer with its last moves; the answer is
     /// `{"commitment": ...}` alone (~200 tokens).
     Compact,
+    /// The compact prompt, with an answer that shows its working before it commits:
+    /// each other engineer's expected next move and the servers left free, then the
+    /// commitment (`{"next": "e2 A, e3 -, e4 B", "free": "none", "commitment": ...}`).
+    /// Scripted answers (demonstrations) fill the working in from the state.
+    Reasoned,
+}
+
+impl PromptStyle {
+    pub fn name(self) -> &'static str {
+        match self {
+            PromptStyle::Full => "full",
+            PromptStyle::Compact => "compact",
+            PromptStyle::Reasoned => "reasoned",
+        }
+    }
 }
 
 impl Rules {
@@ -348,8 +363,9 @@ impl Rules {
                     r.prompt = match s(k, v)? {
                         "full" => PromptStyle::Full,
                         "compact" => PromptStyle::Compact,
+                        "reasoned" => PromptStyle::Reasoned,
                         o => anyhow::bail!(
-                            "ticketmelt option `prompt` must be full|compact, got `{o}`"
+                            "ticketmelt option `prompt` must be full|compact|reasoned, got `{o}`"
                         ),
                     }
                 }
@@ -396,7 +412,7 @@ impl Rules {
             "malformed_zero": self.malformed_zero,
             "continuation": self.continuation.name(),
             "history_rounds": self.history_rounds,
-            "prompt": match self.prompt { PromptStyle::Full => "full", PromptStyle::Compact => "compact" },
+            "prompt": self.prompt.name(),
         })
     }
 }

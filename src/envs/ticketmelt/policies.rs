@@ -212,27 +212,14 @@ impl Ticketmelt {
     /// A/B alternation repeats, anything else continues), and whether an urgent or
     /// tight one is among them.
     pub fn predicted(&self, seat: usize) -> ([u8; 2], [bool; 2]) {
-        let r = self.round as usize;
-        let hist = (self.rules.history_rounds as usize).min(r);
         let mut pred = [0u8; 2];
         let mut hot = [false; 2];
-        if hist == 0 {
-            return (pred, hot);
-        }
         for k in 0..SEATS {
-            if k == seat || self.completed[k] > 0 {
+            if k == seat {
                 continue;
             }
-            let a1 = self.acts[r - 1][k];
-            let p = if hist >= 2 {
-                let a2 = self.acts[r - 2][k];
-                if a1 != Action::Monitor && a2 != Action::Monitor && a1 != a2 {
-                    a2
-                } else {
-                    a1
-                }
-            } else {
-                a1
+            let Some(p) = self.expected_move(k) else {
+                continue;
             };
             if let Some(s) = p.server() {
                 pred[s] += 1;
@@ -242,6 +229,25 @@ impl Ticketmelt {
             }
         }
         (pred, hot)
+    }
+
+    /// What the heuristic expects engineer `k` to play next: a two-round A/B
+    /// alternation repeats, anything else continues; `None` once `k` is restored or
+    /// before any move is visible.
+    pub fn expected_move(&self, k: usize) -> Option<Action> {
+        let r = self.round as usize;
+        let hist = (self.rules.history_rounds as usize).min(r);
+        if hist == 0 || self.completed[k] > 0 {
+            return None;
+        }
+        let a1 = self.acts[r - 1][k];
+        if hist >= 2 {
+            let a2 = self.acts[r - 2][k];
+            if a1 != Action::Monitor && a2 != Action::Monitor && a1 != a2 {
+                return Some(a2);
+            }
+        }
+        Some(a1)
     }
 
     /// Fast path: one round where each policy seat plays `policy` (no text).

@@ -15,7 +15,7 @@ impl Ticketmelt {
     pub fn system_prompt(&self, out: &mut String) {
         match self.rules.prompt {
             PromptStyle::Full => self.system_prompt_full(out),
-            PromptStyle::Compact => self.system_prompt_compact(out),
+            PromptStyle::Compact | PromptStyle::Reasoned => self.system_prompt_compact(out),
         }
     }
 
@@ -23,7 +23,7 @@ impl Ticketmelt {
     pub fn render_user(&self, seat: usize, out: &mut String) {
         match self.rules.prompt {
             PromptStyle::Full => self.render_user_full(seat, out),
-            PromptStyle::Compact => self.render_user_compact(seat, out),
+            PromptStyle::Compact | PromptStyle::Reasoned => self.render_user_compact(seat, out),
         }
     }
 
@@ -34,6 +34,7 @@ impl Ticketmelt {
         match self.rules.prompt {
             PromptStyle::Full => answer_json(a, &canned_line(self.service[seat], a)),
             PromptStyle::Compact => serde_json::json!({ "commitment": a.as_str() }).to_string(),
+            PromptStyle::Reasoned => self.reasoned_answer(seat, a),
         }
     }
 
@@ -453,7 +454,9 @@ PROMPTS
   prompt = full (default): prose rules, the recent rounds with outcomes and channel
   messages, a JSON answer with a channel message (~700 tokens). prompt = compact: terse
   rules and one line per engineer with their last moves (~300 tokens); the answer is
-  {"commitment": "..."} alone.
+  {"commitment": "..."} alone. prompt = reasoned: the compact prompt, and an answer that
+  first shows its working: {"next": "e2 A, e3 -, e4 B", "free": "none", "commitment":
+  "..."} (each other engineer's expected move, the servers up with nobody expected).
 
 PRESETS
   classic: the original code (no degrade, no mirror, urgent weight 1, no urgent failure,
