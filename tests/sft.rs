@@ -343,10 +343,16 @@ fn sft_cli_refuses_bad_data_and_trains_an_adapter_grpo_starts_from() {
         );
     std::fs::write(&grpo, text).unwrap();
     crate::util::concord_ok(&["train", "--config", grpo.to_str().unwrap()]);
-    let saved = std::fs::read_to_string(dir.path().join("grpo/config.toml")).unwrap();
-    assert!(
-        saved.contains(&format!("adapter = \"{}\"", run.display())),
-        "{saved}"
+    // The recorded config names the adapter relative to its own run directory, so
+    // the pair can move together, and loading it resolves to the SFT run.
+    let saved_path = dir.path().join("grpo/config.toml");
+    let saved = std::fs::read_to_string(&saved_path).unwrap();
+    assert!(saved.contains("adapter = \"../sft\""), "{saved}");
+    let reloaded = concord::config::Config::load(&saved_path, &[]).unwrap();
+    let adapter = reloaded.model.adapter.clone().unwrap();
+    assert_eq!(
+        std::fs::canonicalize(adapter).unwrap(),
+        std::fs::canonicalize(&run).unwrap()
     );
     let b = concord::model::lora::read_peft_tensors(&dir.path().join("grpo")).unwrap();
     let nonzero_b = b
