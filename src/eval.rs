@@ -152,6 +152,9 @@ pub struct ModelPolicy<'a> {
     pub batch: usize,
     /// The KV of each (episode, seat)'s last prompt.
     last: HashMap<(usize, usize), PromptKv>,
+    /// Most bytes `last` may hold (see [`kv_budget`]); a prompt whose KV would not fit
+    /// is not kept, and its seat's next prompt is prefilled in full.
+    kv_budget: usize,
     /// Prompt tokens of all calls, and how many of them were not recomputed.
     pub prompt_tokens: usize,
     pub reused_tokens: usize,
@@ -170,10 +173,20 @@ impl<'a> ModelPolicy<'a> {
             params,
             batch,
             last: HashMap::new(),
+            kv_budget: kv_budget(),
             prompt_tokens: 0,
             reused_tokens: 0,
         }
     }
+}
+
+/// The bytes of kept prompt KV an evaluation may hold: a quarter of the memory
+/// available when it starts (1 GiB where that is unknown). Every episode is played at
+/// once, so without a bound the kept KV grows with episodes x seats x prompt length
+/// (the 0.5B in f32 keeps 24.6 kB a token: 800 seats of 700-token prompts would hold
+/// 14 GB), beside a training run's own memory when evaluating during training.
+fn kv_budget() -> usize {
+    crate::sys::available_memory_bytes().map_or(1 << 30, |b| (b / 4) as usize)
 }
 
 impl Policy for ModelPolicy<'_> {
@@ -222,8 +235,11 @@ impl Policy for ModelPolicy<'_> {
             self.prompt_tokens += stats.prefill_tokens;
             self.reused_tokens += stats.reused_tokens + stats.shared_prefix_tokens;
             for (t, kv) in chunk.iter().zip(kept) {
-                if let Some(kv) = kv {
-                    self.last.insert((t.episode, t.seat), kv);
+                let key = (t.episode, t.seat);
+                self.last.remove(&key);
+                let held: usize = self.last.values().map(|p| p.kv.bytes()).sum();
+                if let Some(kv) = kv.filter(|kv| held + kv.kv.bytes() <= self.kv_budget) {
+                    self.last.insert(key, kv);
                 }
             }
             texts.extend(
@@ -249,7 +265,7 @@ pub fn play(
 ) -> Result<Outcomes> {
     let mut policy = ModelPolicy::new(model, renderer, params, batch);
     let out = play_policy(factory, episodes, first_seed, &mut policy)?;
-    eprintln!(
+    crate::note!(
         "  prompts: {} tokens, {} of them ({:.0}%) kept from a shared prefix or the session's last prompt",
         policy.prompt_tokens,
         policy.reused_tokens,
@@ -333,7 +349,7 @@ impl<P: Policy> Policy for Progress<P> {
     ) -> Result<Vec<String>> {
         let open = episodes.iter().filter(|e| !e.done()).count();
         if let Some(t) = turns.first() {
-            eprintln!(
+            crate::note!(
                 "  round {}: {} turns, {open} of {} episodes open, {:.0} s",
                 t.round + 1,
                 turns.len(),
@@ -454,7 +470,7 @@ pub fn run_eval(args: EvalOptions) -> Result<()> {
         let mut per_env = BTreeMap::new();
         for (name, factory) in &envs {
             if !args.json {
-                eprintln!("{label}: {name}, {} episodes", args.episodes);
+                crate::note!("{label}: {name}, {} episodes", args.episodes);
             }
             let o = play(
                 &model,
@@ -489,12 +505,12 @@ pub fn run_eval(args: EvalOptions) -> Result<()> {
         }
     }
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
+        crate::say!("{}", serde_json::to_string_pretty(&report)?);
     } else {
-        print!("{}", table(&report));
-        print!("{}", behaviour_table(&report));
+        crate::say_raw!("{}", table(&report));
+        crate::say_raw!("{}", behaviour_table(&report));
         if let Some(p) = &out {
-            println!("wrote {}", p.display());
+            crate::say!("wrote {}", p.display());
         }
     }
     Ok(())

@@ -8,6 +8,38 @@
 //! warm start before GRPO), [`curriculum`], [`eval`], [`plot`] and [`hub`] build on those; [`cli`] holds every command-line type. [`chat`], [`rng`],
 //! [`atomic`] and [`sys`] are leaves. [`dist`] (data parallel across processes: MPI, NCCL)
 //! sits under [`grpo`].
+// Console output that survives a closed stream. `std`'s print macros panic when the
+// reader has gone (`concord train | tee log` whose tee died, `... | head`); a training
+// run must then keep going and checkpoint, and a listing just stops mattering. Every
+// line Concord writes goes through these.
+
+/// `eprintln!` that ignores a closed or failing stderr.
+#[macro_export]
+macro_rules! note {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
+
+/// `println!` that ignores a closed or failing stdout.
+#[macro_export]
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout(), $($arg)*);
+    }};
+}
+
+/// `print!` that ignores a closed or failing stdout.
+#[macro_export]
+macro_rules! say_raw {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = write!(std::io::stdout(), $($arg)*);
+    }};
+}
+
 pub mod atomic;
 pub mod chat;
 pub mod cli;

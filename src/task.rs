@@ -243,7 +243,7 @@ pub fn load_model(cfg: &Config) -> Result<(Qwen2, Box<dyn Renderer>, String)> {
             (c.r, c.alpha, c.use_rslora, t)
         };
         if shape(got) != shape(&want) {
-            eprintln!(
+            crate::note!(
                 "note: model.adapter {} has r = {}, alpha = {}, targets {:?}: it replaces \
                  the [lora] section's shape",
                 dir.display(),

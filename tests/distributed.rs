@@ -191,6 +191,7 @@ const TIMING: &[&str] = &[
     "peak_mem_mb",
     "step_time",
     "seconds",
+    "eval_seconds",
 ];
 
 fn close(a: f64, b: f64) -> bool {
@@ -211,14 +212,14 @@ fn csv(path: &Path) -> (Vec<String>, Vec<Vec<String>>) {
     (lines.next().unwrap(), lines.collect())
 }
 
-/// Run `b` wrote what run `a` wrote: every log value within 1e-5 relative, the same
-/// prompts and completions, the final adapter within 1e-5 of its largest value.
-fn assert_same_run(a: &Path, b: &Path, what: &str) {
-    let (ha, ra) = csv(&a.join("training_log.csv"));
-    let (hb, rb) = csv(&b.join("training_log.csv"));
-    assert_eq!(ha, hb, "{what}: log columns");
-    assert_eq!(ra.len(), rb.len(), "{what}: log rows");
-    assert!(!ra.is_empty(), "{what}: no rows");
+/// The CSV `file` of run `b` holds what run `a`'s does: the same columns and rows, every
+/// value but the timings within 1e-5 relative.
+fn assert_same_csv(a: &Path, b: &Path, file: &str, what: &str) {
+    let (ha, ra) = csv(&a.join(file));
+    let (hb, rb) = csv(&b.join(file));
+    assert_eq!(ha, hb, "{what}: {file} columns");
+    assert_eq!(ra.len(), rb.len(), "{what}: {file} rows");
+    assert!(!ra.is_empty(), "{what}: no rows in {file}");
     for (x, y) in ra.iter().zip(&rb) {
         for ((col, u), v) in ha.iter().zip(x).zip(y) {
             if TIMING.contains(&col.as_str()) {
@@ -231,11 +232,30 @@ fn assert_same_run(a: &Path, b: &Path, what: &str) {
                     } else {
                         close(p, q)
                     };
-                    assert!(same, "{what}: step {} {col}: {u} vs {v}", x[0])
+                    assert!(same, "{what}: {file} row {} {col}: {u} vs {v}", x[0])
                 }
-                _ => assert_eq!(u, v, "{what}: step {} {col}", x[0]),
+                _ => assert_eq!(u, v, "{what}: {file} row {} {col}", x[0]),
             }
         }
+    }
+}
+
+/// Held-out evaluation during training (`eval_every`): rank 0 plays, and the rows it
+/// writes must not depend on how many processes trained.
+const EVAL: &str = "eval_every = 2\neval_episodes = 3\n";
+const EVAL_LOG: &str = "eval_log.csv";
+
+fn with_eval(text: String) -> String {
+    assert!(text.contains("save_every = 2\n"));
+    text.replacen("save_every = 2\n", &format!("save_every = 2\n{EVAL}"), 1)
+}
+
+/// Run `b` wrote what run `a` wrote: every log value within 1e-5 relative, the same
+/// prompts and completions, the final adapter within 1e-5 of its largest value.
+fn assert_same_run(a: &Path, b: &Path, what: &str) {
+    assert_same_csv(a, b, "training_log.csv", what);
+    if a.join(EVAL_LOG).exists() || b.join(EVAL_LOG).exists() {
+        assert_same_csv(a, b, EVAL_LOG, what);
     }
     let samples = |d: &Path| -> Vec<serde_json::Value> {
         std::fs::read_to_string(d.join("samples.jsonl"))
@@ -358,9 +378,15 @@ fn dr_grpo() {
 }
 
 #[test]
-fn dapo_with_dynamic_sampling() {
+fn dapo_with_dynamic_sampling_and_held_out_evaluation() {
     let grpo = "loss_type = \"dapo\"\ndynamic_sampling = true";
-    same_as_one_process(2, grpo, "micro_batch = 4", "dapo");
+    let Some(runs) = same_as_one_process_edited(2, grpo, "micro_batch = 4", with_eval, "dapo")
+    else {
+        return;
+    };
+    // Steps 2 and 3 (the last) were evaluated, and assert_same_run compared the rows.
+    let (_, rows) = csv(&runs.path().join("dapo-np2").join(EVAL_LOG));
+    assert_eq!(rows.len(), 2, "{rows:?}");
 }
 
 #[test]
@@ -447,6 +473,10 @@ fn a_resumed_two_process_run_continues_identically() {
     let grpo = "loss_type = \"dapo\"\nnum_iterations = 2";
     let straight = config(dir.path(), "straight", grpo, "micro_batch = 4", 4);
     let cut = config(dir.path(), "cut", grpo, "micro_batch = 4", 4);
+    for c in [&straight, &cut] {
+        let text = with_eval(std::fs::read_to_string(c).unwrap());
+        std::fs::write(c, text).unwrap();
+    }
     for (c, what) in [(&straight, "straight run"), (&cut, "run to cut")] {
         ok(
             mpirun(bin, 2, &["train", "--config", c.to_str().unwrap()]),

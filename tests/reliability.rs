@@ -175,6 +175,24 @@ fn reusing_a_run_name_is_refused_and_overwrite_replaces_the_run() {
     );
     assert_eq!(std::fs::read(run_dir.join("config.toml")).unwrap(), config);
     assert_eq!(checkpoints(&run_dir), [1, 2, 3]);
+    // Nor does one that fails after the directory was claimed: an --overwrite start that
+    // stops before its first step gives the earlier run back (issue #31, item 7).
+    let (rc, err) = train(&[
+        "--config",
+        c,
+        "--overwrite",
+        "--set",
+        "grpo.reward_weights={nope=1.0}",
+    ]);
+    assert_eq!(rc, Some(1), "{err}");
+    assert!(err.contains("nope"), "{err}");
+    let log_now = std::fs::read(run_dir.join("training_log.csv")).unwrap();
+    assert_eq!(log_now, log);
+    assert_eq!(std::fs::read(run_dir.join("config.toml")).unwrap(), config);
+    assert_eq!(checkpoints(&run_dir), [1, 2, 3]);
+    // Only what Concord wrote is replaced (item 8).
+    std::fs::create_dir(run_dir.join("checkpoint-notes")).unwrap();
+    std::fs::write(run_dir.join("checkpoint-notes/mine.txt"), "mine").unwrap();
 
     // --overwrite: the old run's files go first, so no stale checkpoint survives.
     let (rc, err) = train(&[
@@ -194,7 +212,12 @@ fn reusing_a_run_name_is_refused_and_overwrite_replaces_the_run() {
         adapter.contains("v_proj") && !adapter.contains("q_proj"),
         "{adapter}"
     );
-    // ... and a later resume finds only the new run's checkpoint.
+    assert!(run_dir.join("checkpoint-notes/mine.txt").exists());
+    assert!(!run_dir.join(concord::run::dir::OVERWRITTEN).exists());
+    // ... and a later resume finds only the new run's checkpoint, and removes what a
+    // writer killed inside an atomic write left (item 10).
+    let stale = run_dir.join(".adapter_model.safetensors.4242.tmp");
+    std::fs::write(&stale, "half").unwrap();
     let (rc, err) = train(&[
         "--resume",
         run_dir.to_str().unwrap(),
@@ -209,6 +232,7 @@ fn reusing_a_run_name_is_refused_and_overwrite_replaces_the_run() {
         .map(|l| l.split(',').next().unwrap())
         .collect();
     assert_eq!(steps, ["1", "2"]);
+    assert!(!stale.exists());
 }
 
 // ---------------------------------------------------------------------------------------
@@ -698,6 +722,105 @@ fn zero_counts_and_huge_rings_are_refused_by_the_command_line() {
     assert_eq!(rc, Some(1));
     assert!(err.contains("at most 10"), "{err}");
     assert!(t0.elapsed() < Duration::from_secs(30));
+}
+
+/// Seconds, episode and session flags take a bounded range: `inf`, `nan`, `1e30`, a
+/// trillion episodes or 100,000 threads are refused by the parser, naming the flag,
+/// instead of panicking, aborting or running for days (issue #31, items 1, 2, 16).
+#[test]
+fn extreme_seconds_episodes_and_sessions_are_refused_naming_the_flag() {
+    let cases: &[(&[&str], &str, &[&str])] = &[
+        (
+            &["serve", "ticketmelt", "--port", "0", "--session-timeout"],
+            "--session-timeout",
+            &["1e30", "inf", "nan", "-1", "86401"],
+        ),
+        (
+            &["serve", "ticketmelt", "--port", "0", "--max-sessions"],
+            "--max-sessions",
+            &["0", "100000", "-1"],
+        ),
+        (
+            &["bench", "serve", "ticketmelt", "--secs"],
+            "--secs",
+            &["1e30", "inf", "nan", "-1"],
+        ),
+        (
+            &["bench", "serve", "ticketmelt", "--secs", "1", "--sessions"],
+            "--sessions",
+            &["100000", "0"],
+        ),
+        (
+            &["envs", "bench", "ticketmelt", "--secs"],
+            "--secs",
+            &["1e30", "inf", "nan", "-0.5"],
+        ),
+        (
+            &["envs", "baseline", "ticketmelt", "--episodes"],
+            "--episodes",
+            &["1000000000000", "1e12", "-1", "0"],
+        ),
+        (
+            &["eval", "--config", "configs/quickstart.toml", "--episodes"],
+            "--episodes",
+            &["1000000001", "nan"],
+        ),
+    ];
+    for (args, flag, values) in cases {
+        for v in *values {
+            let t0 = Instant::now();
+            // `--flag=VALUE`, so that `-1` reaches the flag's parser as its value.
+            let (head, last) = args.split_at(args.len() - 1);
+            let (rc, err) = run(concord()
+                .args(head)
+                .arg(format!("{}={v}", last[0]))
+                .current_dir(env!("CARGO_MANIFEST_DIR")));
+            assert_eq!(rc, Some(2), "{args:?} {v}: {err}");
+            assert!(err.contains(flag), "{args:?} {v}: {err}");
+            assert!(!err.contains("panicked"), "{args:?} {v}: {err}");
+            assert!(t0.elapsed() < Duration::from_secs(30), "{args:?} {v}");
+        }
+    }
+    // In range, a zero timeout still means "never" and a short bench runs.
+    let (rc, err) = run(concord().args(["envs", "bench", "ticketmelt", "--secs", "0"]));
+    assert_eq!(rc, Some(0), "{err}");
+}
+
+/// Spawn `concord args` with stdout and stderr piped and both read ends closed at once,
+/// as when the `tee` or `head` a job was piped into exits.
+fn with_closed_outputs(args: &[&str]) -> std::process::ExitStatus {
+    let mut child = concord()
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    drop(child.stderr.take());
+    child.wait().unwrap()
+}
+
+/// A reader that goes away loses nothing: training runs to the end and writes its
+/// checkpoints and adapter, and a listing ends quietly (issue #31, item 4).
+#[test]
+fn a_closed_stdout_or_stderr_never_loses_a_run() {
+    let d = tempfile::tempdir().unwrap();
+    let cfg = write_config(d.path(), 3, 2);
+    let st = with_closed_outputs(&["train", "--config", cfg.to_str().unwrap()]);
+    assert!(st.success(), "{st}");
+    let run_dir = d.path().join("runs/r");
+    assert_eq!(log_rows(&run_dir), 3);
+    assert!(checkpoints(&run_dir).contains(&2));
+    assert!(run_dir.join("adapter_model.safetensors").exists());
+    for args in [
+        &["envs", "play", "ticketmelt", "--seed", "1"][..],
+        &["envs", "describe", "ticketmelt"],
+        &["envs", "baseline", "ticketmelt", "--episodes", "20"],
+    ] {
+        let st = with_closed_outputs(args);
+        assert!(st.success(), "{args:?}: {st}");
+    }
 }
 
 #[test]

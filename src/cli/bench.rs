@@ -28,13 +28,13 @@ pub struct BenchServeArgs {
     /// Environment name (see `concord envs list`).
     pub env: String,
     /// Parallel sessions of each measurement (repeatable).
-    #[arg(long = "sessions", default_values_t = [1usize, 64], value_parser = super::positive)]
+    #[arg(long = "sessions", default_values_t = [1usize, 64], value_parser = super::sessions)]
     pub sessions: Vec<usize>,
     /// Steps per episode after its reset.
     #[arg(long, default_value_t = 8)]
     pub steps: usize,
-    /// Seconds of wall time per measurement.
-    #[arg(long, default_value_t = 5.0)]
+    /// Seconds of wall time per measurement (at least 0.1, at most a day).
+    #[arg(long, default_value_t = 5.0, value_parser = super::seconds)]
     pub secs: f64,
     /// Print JSON lines.
     #[arg(long)]
@@ -48,9 +48,9 @@ fn run_serve(a: BenchServeArgs) -> anyhow::Result<()> {
     for &n in &a.sessions {
         let r = crate::serve::bench::round_trips(&a.env, &options, n, a.steps, a.secs)?;
         if a.json {
-            println!("{}", serde_json::to_string(&r)?);
+            crate::say!("{}", serde_json::to_string(&r)?);
         } else {
-            println!(
+            crate::say!(
                 "{}: {} session(s), reset + {} steps: {:.0} round trips/s, {:.0} episodes/s \
                  ({} round trips in {:.1} s)",
                 r.env,
@@ -107,13 +107,13 @@ fn run_step(a: BenchStepArgs) -> anyhow::Result<()> {
         export_prompts: a.export_prompts,
     })?;
     if a.json {
-        println!("{}", serde_json::to_string(&r)?);
+        crate::say!("{}", serde_json::to_string(&r)?);
     } else {
-        println!(
+        crate::say!(
             "bench grpo-step: {:.2} s/step (sampling {:.2} s, scoring {:.2} s, update {:.2} s), {:.0} tokens/step, peak RSS {:.0} MiB",
             r.seconds_per_step, r.sampling_s, r.scoring_s, r.update_s, r.tokens, r.peak_rss_mb
         );
-        println!("{}", r.memory_plan);
+        crate::say!("{}", r.memory_plan);
     }
     Ok(())
 }
@@ -236,9 +236,9 @@ fn run_sample(args: BenchSampleArgs) -> anyhow::Result<()> {
         choose_on: args.choose_on.into(),
     })?;
     if args.json {
-        println!("{}", r.to_json());
+        crate::say!("{}", r.to_json());
     } else {
-        println!(
+        crate::say!(
             "P={} G={} rows={} prompt={} new={}: {:.1} tok/s overall ({:.1} tok/s decode), prefill {:.0} tok/s, {:.2}s, peak RSS {:.0} MiB",
             r.prompts,
             r.num_generations,

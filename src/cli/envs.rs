@@ -66,7 +66,7 @@ pub enum EnvsCommand {
         /// Environment name (see `concord envs list`).
         name: String,
         /// Episodes per policy x pool row (>= 1).
-        #[arg(long, default_value_t = 2000, value_parser = super::positive)]
+        #[arg(long, default_value_t = 2000, value_parser = super::episodes)]
         episodes: usize,
         /// First episode seed (episodes use seeds first..first+N).
         #[arg(long, default_value_t = 0)]
@@ -88,8 +88,8 @@ pub enum EnvsCommand {
     Bench {
         /// Environment name (see `concord envs list`).
         name: String,
-        /// CPU seconds per measurement.
-        #[arg(long, default_value_t = 2.0)]
+        /// CPU seconds per measurement (at most a day).
+        #[arg(long, default_value_t = 2.0, value_parser = super::seconds)]
         secs: f64,
         /// Print the result as one JSON object.
         #[arg(long)]
@@ -135,11 +135,11 @@ pub struct GraphArgs {
 pub fn run(args: EnvsArgs) -> anyhow::Result<()> {
     match args.command {
         EnvsCommand::List => {
-            print!("{}", tools::list());
+            crate::say_raw!("{}", tools::list());
             Ok(())
         }
         EnvsCommand::Describe { name, opts } => {
-            println!("{}", tools::describe(&name, &opts.options()?)?);
+            crate::say!("{}", tools::describe(&name, &opts.options()?)?);
             Ok(())
         }
         EnvsCommand::Play {
@@ -195,7 +195,7 @@ pub fn run(args: EnvsArgs) -> anyhow::Result<()> {
                 "`concord envs import` supports only postmortem, got `{name}`"
             );
             let sc = crate::envs::postmortem::import::import_file(&from, &file, &out)?;
-            println!(
+            crate::say!(
                 "wrote {} ({}: {} alerts, {} timeline events, root cause {}); check its `gold` before training",
                 out.display(),
                 sc.id,

@@ -21,7 +21,7 @@ pub struct EvalArgs {
     #[arg(long, conflicts_with = "base")]
     pub compare: bool,
     /// Episodes per environment.
-    #[arg(long, default_value_t = 100, value_parser = super::positive)]
+    #[arg(long, default_value_t = 100, value_parser = super::episodes)]
     pub episodes: usize,
     /// Index of the first held-out episode: `--first-seed 100 --episodes 100` plays
     /// another 100 held-out episodes than the default set.

@@ -167,12 +167,12 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         } else {
             json!({"prompts": (0..groups.len()).map(per_prompt).collect::<Vec<_>>(), "stats": stats_json})
         };
-        println!("{out}");
+        crate::say!("{out}");
     } else {
         for (i, group) in groups.iter().enumerate() {
             for (j, c) in group.iter().enumerate() {
                 if groups.len() > 1 || group.len() > 1 {
-                    println!(
+                    crate::say!(
                         "--- prompt {} completion {} ({}, {} tokens) ---",
                         i + 1,
                         j + 1,
@@ -180,10 +180,10 @@ pub fn run(args: GenerateArgs) -> Result<()> {
                         c.ids.len()
                     );
                 }
-                println!("{}", c.text);
+                crate::say!("{}", c.text);
             }
         }
-        eprintln!(
+        crate::note!(
             "{} new tokens in {:.2}s ({:.1} tok/s)",
             stats.new_tokens,
             seconds,

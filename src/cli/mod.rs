@@ -62,12 +62,55 @@ pub(crate) fn positive(s: &str) -> Result<usize, String> {
     }
 }
 
+/// The longest wall time a seconds flag takes: a day. A larger value (`1e30`, `inf`)
+/// would overflow a deadline or run for days with no output; NaN is never a time.
+const MAX_FLAG_SECONDS: f64 = 86_400.0;
+
+/// A seconds flag (`--secs`, `--session-timeout`): a finite number in [0, a day].
+pub(crate) fn seconds(s: &str) -> Result<f64, String> {
+    let v: f64 = s.trim().parse().map_err(|e| format!("{e}"))?;
+    if !v.is_finite() || v < 0.0 {
+        return Err("must be a number of seconds >= 0".into());
+    }
+    if v > MAX_FLAG_SECONDS {
+        return Err(format!("must be at most {MAX_FLAG_SECONDS} (a day)"));
+    }
+    Ok(v)
+}
+
+/// The most episodes one `eval` or `envs baseline` call plays: more runs for days
+/// (`envs baseline` prints nothing until it ends) and is surely a typo.
+const MAX_EPISODES: usize = 1_000_000;
+
+/// An episode count: 1 to [`MAX_EPISODES`].
+pub(crate) fn episodes(s: &str) -> Result<usize, String> {
+    let n = positive(s)?;
+    if n > MAX_EPISODES {
+        return Err(format!("must be at most {MAX_EPISODES}"));
+    }
+    Ok(n)
+}
+
+/// The most WebSocket sessions `serve` admits or `bench serve` opens at once. Each is
+/// a thread (two in `bench serve`: client and server); far more exhaust the process's
+/// memory maps, and the thread runtime aborts instead of returning an error.
+pub(crate) const MAX_SESSIONS: usize = 4096;
+
+/// A session count: 1 to [`MAX_SESSIONS`].
+pub(crate) fn sessions(s: &str) -> Result<usize, String> {
+    let n = positive(s)?;
+    if n > MAX_SESSIONS {
+        return Err(format!("must be at most {MAX_SESSIONS}"));
+    }
+    Ok(n)
+}
+
 pub fn main() -> i32 {
     let cli = Cli::parse();
     match run(cli) {
         Ok(()) => 0,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            crate::note!("error: {e:#}");
             1
         }
     }

@@ -152,7 +152,7 @@ pub fn run(args: ModelArgs) -> Result<()> {
                 },
                 b_std: a.b_std,
             })?;
-            eprintln!("wrote the adapter to {}", a.out.display());
+            crate::note!("wrote the adapter to {}", a.out.display());
             Ok(())
         }
         ModelCommand::InitTiny(a) => {
@@ -164,7 +164,7 @@ pub fn run(args: ModelArgs) -> Result<()> {
                 .filter_map(|p| std::fs::metadata(p).ok())
                 .map(|m| m.len())
                 .sum();
-            eprintln!(
+            crate::note!(
                 "wrote {} files ({:.1} MB) to {}: hidden {}, {} layers, {}/{} heads, MLP {}, \
                  vocab {}, {:?}, tied {}, seed {}",
                 files.len(),

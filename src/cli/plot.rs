@@ -15,7 +15,7 @@ pub struct PlotArgs {
 pub fn run(args: PlotArgs) -> anyhow::Result<()> {
     let window = usize::try_from(args.window).context("--window is too large")?;
     for p in crate::plot::plot_run(&args.run_dir, window)? {
-        println!("{}", p.display());
+        crate::say!("{}", p.display());
     }
     Ok(())
 }

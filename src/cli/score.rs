@@ -49,7 +49,7 @@ pub fn run(args: ScoreArgs) -> Result<()> {
         completion: args.completion,
     })?;
     // Keys in the documented order (prompt_ids, completion_ids, logprobs).
-    println!(
+    crate::say!(
         "{{\"prompt_ids\":{},\"completion_ids\":{},\"logprobs\":{}}}",
         serde_json::to_string(&s.prompt_ids)?,
         serde_json::to_string(&s.completion_ids)?,

@@ -15,10 +15,10 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = 8000)]
     pub port: u16,
     /// Concurrent WebSocket sessions; more are refused with CAPACITY_REACHED (>= 1).
-    #[arg(long, default_value_t = 64, value_parser = super::positive)]
+    #[arg(long, default_value_t = 64, value_parser = super::sessions)]
     pub max_sessions: usize,
-    /// Close a session after this many seconds without a frame (0: never).
-    #[arg(long, default_value_t = 300.0)]
+    /// Close a session after this many seconds without a frame (0: never; at most a day).
+    #[arg(long, default_value_t = 300.0, value_parser = super::seconds)]
     pub session_timeout: f64,
     /// Largest WebSocket frame accepted, in bytes; a larger one ends its session.
     #[arg(long, default_value_t = 1 << 20, value_parser = super::positive)]
@@ -31,10 +31,6 @@ pub struct ServeArgs {
 }
 
 pub fn run(a: ServeArgs) -> anyhow::Result<()> {
-    anyhow::ensure!(
-        a.session_timeout.is_finite() && a.session_timeout >= 0.0,
-        "--session-timeout must be a number of seconds >= 0 (0: never)"
-    );
     init_logs(a.log_json);
     let mut o = concord_serve::ServeOptions::new(a.env);
     o.options = a.opts.options()?;
@@ -45,7 +41,7 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
     o.max_frame_bytes = a.max_frame_bytes;
     concord_serve::run(&o, |addr| {
         // stdout carries only this line: scripts read the port from it
-        println!("listening on http://{addr} (WebSocket ws://{addr}/ws)");
+        crate::say!("listening on http://{addr} (WebSocket ws://{addr}/ws)");
         let _ = std::io::stdout().flush();
     })
 }

@@ -632,31 +632,37 @@ struct Source<'a> {
 
 impl Config {
     /// Read `path`, apply `--set` overrides (`section.key=value`), validate. A file with
-    /// `run.paths_relative_to = "config_dir"` (a run's recorded config.toml) has its
-    /// paths resolved against its own directory here.
+    /// `run.paths_relative_to = "config_dir"` (a run's recorded config.toml) has its own
+    /// paths resolved against its directory (through symlinks, as it was written); an
+    /// override's path stays relative to the current directory, like every other.
     pub fn load(path: &Path, sets: &[String]) -> Result<Config> {
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("reading config {}", path.display()))?;
-        let mut cfg = Self::from_toml_str(&text, &path.display().to_string(), sets)?;
-        if cfg.run.paths_relative_to == PathsBase::ConfigDir {
-            let dir = path.parent().unwrap_or(Path::new("."));
-            let dir = if dir.as_os_str().is_empty() {
-                Path::new(".")
-            } else {
-                dir
-            };
-            cfg.resolve_paths(&std::path::absolute(dir).unwrap_or(dir.to_path_buf()));
-            cfg.run.paths_relative_to = PathsBase::Cwd;
+        let origin = path.display().to_string();
+        let cfg = Self::from_toml_str(&text, &origin, sets)?;
+        if cfg.run.paths_relative_to != PathsBase::ConfigDir {
+            return Ok(cfg);
         }
-        Ok(cfg)
+        let dir = path.parent().filter(|d| !d.as_os_str().is_empty());
+        let dir = real_path(dir.unwrap_or(Path::new(".")));
+        let mut file = Self::from_toml_str(&text, &origin, &[])?;
+        file.resolve_paths(&dir);
+        file.run.paths_relative_to = PathsBase::Cwd;
+        if sets.is_empty() {
+            return Ok(file);
+        }
+        Self::from_toml_str(&file.to_toml_string()?, &origin, sets)
     }
 
-    /// This (resolved) config as a run records it in `run_dir/config.toml`: its
-    /// absolute paths rewritten relative to `run_dir`, and marked so, so the file names
-    /// no path of this machine and the run directory can be moved with what it uses.
+    /// This config as a run records it in `run_dir/config.toml`: its paths rewritten
+    /// relative to `run_dir` (both taken through symlinks), and marked so, so the file
+    /// names no path of this machine and the run directory can be moved with what it
+    /// uses. Relative paths are taken as relative to the current directory.
     pub fn to_run_toml(&self, run_dir: &Path) -> Result<String> {
         let mut c = self.clone();
-        let rel = |p: &Path| relative_path(p, run_dir).unwrap_or_else(|| p.to_path_buf());
+        c.resolve_paths(&std::env::current_dir().context("reading the current directory")?);
+        let base = real_path(run_dir);
+        let rel = |p: &Path| relative_path(&real_path(p), &base).unwrap_or_else(|| p.to_path_buf());
         c.run.output_dir = rel(&c.run.output_dir);
         let name = Path::new(&c.model.name);
         if name.is_absolute() {
@@ -925,6 +931,15 @@ impl Config {
             *p = abs(p);
         }
     }
+}
+
+/// `p` as the file system resolves it (absolute, symlinks followed), or lexically
+/// absolute where it does not exist yet. A recorded `..` is then what the shell means by
+/// it, whichever path (link or target) the run directory is reached by.
+fn real_path(p: &Path) -> PathBuf {
+    std::fs::canonicalize(p).unwrap_or_else(|_| {
+        lexical_normal(&std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf()))
+    })
 }
 
 /// `p` without `.` components and with each `..` taking off the component before it
@@ -1204,7 +1219,44 @@ mod tests {
         assert_eq!(back.run.output_dir, base.join("runs"));
         assert_eq!(back.model.name, base.join("m").display().to_string());
         assert_eq!(back.run.paths_relative_to, PathsBase::Cwd);
-        assert_eq!(back.run_dir(), run_dir);
+        assert_eq!(real_path(&back.run_dir()), real_path(&run_dir));
+        // An override's path is the current directory's, not the run directory's.
+        let set = ["model.adapter=elsewhere/a".to_string()];
+        let back = Config::load(&run_dir.join("config.toml"), &set).unwrap();
+        assert_eq!(
+            back.model.adapter.as_deref(),
+            Some(Path::new("elsewhere/a"))
+        );
+        assert_eq!(back.model.name, base.join("m").display().to_string());
+    }
+
+    /// A run directory reached through a symlink records paths that hold from its real
+    /// location too (`..` is taken as the file system takes it).
+    #[cfg(unix)]
+    #[test]
+    fn recorded_paths_hold_through_a_symlinked_run_directory() {
+        let d = tempfile::tempdir().unwrap();
+        let base = std::fs::canonicalize(d.path()).unwrap();
+        std::fs::create_dir_all(base.join("m")).unwrap();
+        std::fs::create_dir_all(base.join("disk/deep/runs")).unwrap();
+        std::os::unix::fs::symlink(base.join("disk/deep/runs"), base.join("runs")).unwrap();
+        let text = "[run]\nname = \"r\"\n[model]\nname = \"m\"\n[env]\nname = \"ticketmelt\"\n";
+        let mut cfg = Config::from_toml_str(text, "test", &[]).unwrap();
+        cfg.resolve_paths(&base);
+        let run_dir = cfg.run_dir();
+        std::fs::create_dir_all(&run_dir).unwrap();
+        let recorded = cfg.to_run_toml(&run_dir).unwrap();
+        std::fs::write(run_dir.join("config.toml"), recorded).unwrap();
+        let real_dir = base.join("disk/deep/runs/r");
+        for dir in [&run_dir, &real_dir] {
+            let back = Config::load(&dir.join("config.toml"), &[]).unwrap();
+            assert_eq!(
+                back.model.name,
+                base.join("m").display().to_string(),
+                "{dir:?}"
+            );
+            assert_eq!(real_path(&back.run_dir()), real_dir, "{dir:?}");
+        }
     }
 
     #[test]

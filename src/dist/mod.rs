@@ -322,7 +322,7 @@ impl Dist {
         let out = f();
         if let Err(e) = &out {
             if self.is_distributed() {
-                eprintln!(
+                crate::note!(
                     "error: rank {} of {}: {e:#}",
                     self.rank(),
                     self.world_size()
@@ -384,7 +384,7 @@ impl Watchdog {
                 Err(_) => None,
             };
             if let Some((what, waited)) = late {
-                eprintln!(
+                crate::note!(
                     "error: rank {rank}: collective `{what}` waited {:.0} s for the other \
                      ranks (limit {TIMEOUT_VAR}={:.0}): a peer process died or hangs; \
                      ending this process",

@@ -298,7 +298,7 @@ fn watch_init(joined: Arc<AtomicBool>, rank: usize, timeout: Duration) {
     std::thread::spawn(move || {
         while !joined.load(Ordering::Relaxed) {
             if t0.elapsed() > timeout {
-                eprintln!(
+                crate::note!(
                     "error: rank {rank}: NCCL communicator not built within {:.0} s \
                      ({}): a peer process died or hangs; ending this process",
                     timeout.as_secs_f64(),

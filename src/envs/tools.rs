@@ -84,12 +84,12 @@ pub fn baseline(name: &str, options: &Options, o: &BaselineOptions) -> anyhow::R
     let f = create(name, options)?;
     let rows = baseline_rows(f.as_ref(), &o.policies, &o.pools, o.episodes, o.first_seed)?;
     if o.json {
-        println!(
+        crate::say!(
             "{}",
             serde_json::to_string_pretty(&serde_json::json!({ "env": name, "rows": rows }))?
         );
     } else {
-        print!("{}", markdown_table(&rows));
+        crate::say_raw!("{}", markdown_table(&rows));
     }
     Ok(())
 }
@@ -102,9 +102,9 @@ pub fn bench(name: &str, options: &Options, secs: f64, json: bool) -> anyhow::Re
         .bench(secs.max(0.01))
         .ok_or_else(|| anyhow::anyhow!("environment `{name}` has no benchmark"))?;
     if json {
-        println!("{}", serde_json::to_string(&r)?);
+        crate::say!("{}", serde_json::to_string(&r)?);
     } else {
-        println!(
+        crate::say!(
             "{name}: {:.0} episodes/s without rendering, {:.0} episodes/s with prompt rendering \
 (single thread, per {} second; wall clock: {:.0} / {:.0})",
             r.episodes_per_s,
@@ -349,18 +349,18 @@ impl<L: Iterator<Item = std::io::Result<String>>> super::rollout::Policy for Pri
             let (step, s) = (t.round + 1, t.seat);
             if t.round > 0 && texts.is_empty() {
                 // The state after the previous round's step.
-                println!("{}", env.render_state());
+                crate::say!("{}", env.render_state());
             }
             if self.prompts || self.human {
                 for m in env.observation(s) {
                     if self.human && m.role == "system" && step > 1 {
                         continue;
                     }
-                    println!("--- seat {s} [{}] ---\n{}", m.role, m.content);
+                    crate::say!("--- seat {s} [{}] ---\n{}", m.role, m.content);
                 }
             }
             let text = if self.human {
-                println!("--- your answer for seat {s} (one line) ---");
+                crate::say!("--- your answer for seat {s} (one line) ---");
                 match self.lines.next() {
                     Some(line) => line?,
                     None => anyhow::bail!("stdin closed before the episode ended"),
@@ -370,7 +370,7 @@ impl<L: Iterator<Item = std::io::Result<String>>> super::rollout::Policy for Pri
             } else {
                 env.continuation_action(s)
             };
-            println!("step {step} seat {s}: {text}");
+            crate::say!("step {step} seat {s}: {text}");
             texts.push(text);
         }
         Ok(texts)
@@ -395,12 +395,12 @@ fn play_episode_printed(
         );
     }
     let mut env = f.reset(seed);
-    println!(
+    crate::say!(
         "== {} seed {seed} policy {} ==",
         f.name(),
         policy.unwrap_or("continuation")
     );
-    println!("{}", env.render_state());
+    crate::say!("{}", env.render_state());
     let mut printer = PrintingPolicy {
         policy,
         human,
@@ -408,8 +408,8 @@ fn play_episode_printed(
         lines: std::io::stdin().lock().lines(),
     };
     super::rollout::play_one(env.as_mut(), &mut printer, super::rollout::MAX_ROUNDS)?;
-    println!("{}", env.render_state());
-    println!("== rewards ==");
+    crate::say!("{}", env.render_state());
+    crate::say!("== rewards ==");
     for s in env.policy_seats() {
         let r = env.reward(s);
         let comps: Vec<String> = r
@@ -417,10 +417,10 @@ fn play_episode_printed(
             .iter()
             .map(|(k, v)| format!("{k}={v:.3}"))
             .collect();
-        println!("seat {s}: scalar {:.3} ({})", r.scalar, comps.join(", "));
+        crate::say!("seat {s}: scalar {:.3} ({})", r.scalar, comps.join(", "));
     }
     if json {
-        println!("{}", serde_json::to_string_pretty(&env.transcript())?);
+        crate::say!("{}", serde_json::to_string_pretty(&env.transcript())?);
     }
     Ok(())
 }

@@ -108,7 +108,7 @@ pub fn bench_train(a: &BenchTrainOptions) -> Result<()> {
     let growth_mb = (rss - base_rss).max(0.0);
     let estimate_mb = estimate / (1024.0 * 1024.0);
     if a.json {
-        println!(
+        crate::say!(
             "{}",
             serde_json::json!({
                 "tokens_per_s": tps,
@@ -121,7 +121,7 @@ pub fn bench_train(a: &BenchTrainOptions) -> Result<()> {
             })
         );
     } else {
-        println!(
+        crate::say!(
             "bench train {} B={} T={} r={}{}: {:.1} tokens/s, {:.2} s per forward+backward, peak RSS {:.0} MiB ({:.0} MiB over the loaded model; estimate {:.0} MiB)",
             a.model,
             a.batch,

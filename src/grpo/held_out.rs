@@ -32,7 +32,7 @@ impl Trainer {
         for (name, factory) in crate::eval::eval_envs(&self.cfg)? {
             let t = Instant::now();
             if !self.quiet {
-                eprintln!("held-out evaluation at step {step}: {name}, {episodes} episodes");
+                crate::note!("held-out evaluation at step {step}: {name}, {episodes} episodes");
             }
             let e = crate::eval::play(
                 &self.model,
@@ -53,7 +53,7 @@ impl Trainer {
                         b.agreement, b.best_constant.agreement
                     )
                 });
-                eprintln!(
+                crate::note!(
                     "held-out at step {step}: {name} win {:.3} [{:.3}, {:.3}], reward {:.3}{agree} ({secs:.0} s)",
                     e.win_rate, e.win_ci95[0], e.win_ci95[1], e.reward_mean
                 );

@@ -78,10 +78,12 @@ fn install_ctrlc() {
     // With ctrlc's `termination` feature this handler also receives SIGTERM and SIGHUP.
     let _ = ctrlc::set_handler(|| {
         if INTERRUPTED.swap(true, Ordering::SeqCst) {
-            eprintln!("\ninterrupted twice: exiting without a checkpoint");
+            crate::note!("\ninterrupted twice: exiting without a checkpoint");
             std::process::exit(130);
         }
-        eprintln!("\ninterrupted (signal): finishing the step, writing a checkpoint, then exiting");
+        crate::note!(
+            "\ninterrupted (signal): finishing the step, writing a checkpoint, then exiting"
+        );
     });
 }
 
@@ -144,7 +146,7 @@ impl Trainer {
             None
         };
         if resume && latest.is_none() && root {
-            eprintln!(
+            crate::note!(
                 "no checkpoint in {}: starting from step 0",
                 run_dir.display()
             );
@@ -163,7 +165,7 @@ impl Trainer {
             state = checkpoint::load_state(dir, *step)?;
             if root {
                 log::truncate_logs(&run_dir, state.step)?;
-                eprintln!("resuming {} from step {}", run_dir.display(), state.step);
+                crate::note!("resuming {} from step {}", run_dir.display(), state.step);
             }
         } else if root {
             log::remove_logs(&run_dir)?;
@@ -386,7 +388,7 @@ impl Trainer {
         if n > 0 && self.max_micro_batches.is_none_or(|m| n > m) {
             self.max_micro_batches = Some(n);
             if !self.quiet {
-                eprintln!("step {}: {}", self.state.step + 1, stats.plan.summary());
+                crate::note!("step {}: {}", self.state.step + 1, stats.plan.summary());
             }
         }
         Ok(stats)
@@ -440,9 +442,11 @@ impl Trainer {
         let st = &self.stages[stage];
         if let Some(why) = st.length.finished(&self.state.stage_rewards) {
             if let Some(next) = self.stages.get(stage + 1) {
-                eprintln!(
+                crate::note!(
                     "\nstage `{}` -> `{}` after step {} ({why})",
-                    st.name, next.name, self.state.step
+                    st.name,
+                    next.name,
+                    self.state.step
                 );
             }
             self.state.stage = stage + 1;
@@ -517,7 +521,7 @@ impl ProgressLines {
         let done = (step - self.first_step).max(1) as f64;
         let per_step = self.started.elapsed().as_secs_f64() / done;
         let eta = per_step * self.total.saturating_sub(step) as f64;
-        eprintln!(
+        crate::note!(
             "step {step}/{} reward {reward:.4} step_time {step_time:.2}s eta {}",
             self.total,
             fmt_duration(eta)
@@ -664,19 +668,19 @@ impl PreparedRun {
         match crate::plot::plot_run(&t.run_dir, 10) {
             Ok(files) => {
                 for f in files {
-                    eprintln!("wrote {}", f.display());
+                    crate::note!("wrote {}", f.display());
                 }
             }
-            Err(e) => eprintln!("warning: plots not written: {e:#}"),
+            Err(e) => crate::note!("warning: plots not written: {e:#}"),
         }
         let secs = started.elapsed().as_secs_f64();
-        eprintln!(
+        crate::note!(
             "done: {} steps in {secs:.1}s; adapter in {}",
             t.state.step,
             t.run_dir.display()
         );
         if t.dist.is_distributed() {
-            eprintln!(
+            crate::note!(
                 "data parallel: {} processes over {}; seconds in collectives, summed over \
                  calls (least: the rank that waited least in each call, about the \
                  transfer; most: transfer + waiting for the slowest rank), of {secs:.1}s:",
@@ -684,7 +688,7 @@ impl PreparedRun {
                 t.dist.name(),
             );
             for c in &comm {
-                eprintln!(
+                crate::note!(
                     "  {:<24} {:>5} calls  least {:>8.3}s ({:.2}%)  most {:>8.3}s ({:.2}%)",
                     c.what,
                     c.calls,

@@ -237,7 +237,7 @@ impl Learner<'_> {
             if !loss_ok || !norm.is_finite() {
                 out.skipped = true;
                 if self.dist.is_root() {
-                    eprintln!(
+                    crate::note!(
                         "step {}: non-finite {} ({}): update skipped, adapter untouched",
                         step + 1,
                         if loss_ok { "gradient" } else { "loss" },

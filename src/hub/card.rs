@@ -10,7 +10,7 @@ fn read_if_present<T>(path: &Path, lacks: &str, read: impl Fn(&Path) -> Result<T
         return None;
     }
     read(path)
-        .map_err(|e| eprintln!("warning: {e:#}; the model card has no {lacks}"))
+        .map_err(|e| crate::note!("warning: {e:#}; the model card has no {lacks}"))
         .ok()
 }
 

@@ -96,10 +96,10 @@ pub(super) fn upload_lfs(
         }
         let actions = obj.actions.as_ref();
         let Some(upload) = actions.and_then(|a| a.upload.as_ref()) else {
-            println!("  {} ({}, already on the Hub)", u.path, human_size(u.size));
+            crate::say!("  {} ({}, already on the Hub)", u.path, human_size(u.size));
             continue;
         };
-        println!("  {} ({}, LFS)", u.path, human_size(u.size));
+        crate::say!("  {} ({}, LFS)", u.path, human_size(u.size));
         let what = format!("the upload of {}", u.path);
         let chunk_size = upload.header.get("chunk_size").and_then(|v| match v {
             Value::Number(n) => n.as_u64(),

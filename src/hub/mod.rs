@@ -224,7 +224,7 @@ pub fn run_export(opts: &ExportOptions, dry_run: bool) -> Result<()> {
     validate_options(opts)?;
     if dry_run {
         let files = collect_files(opts)?;
-        println!(
+        crate::say!(
             "dry run: would upload to {}/{} (revision {}){}:",
             endpoint_from_env(),
             opts.repo,
@@ -232,9 +232,9 @@ pub fn run_export(opts: &ExportOptions, dry_run: bool) -> Result<()> {
             if opts.private { ", private" } else { "" }
         );
         for (path, bytes) in &files {
-            println!("  {path} ({})", human_size(bytes.len() as u64));
+            crate::say!("  {path} ({})", human_size(bytes.len() as u64));
         }
-        println!(
+        crate::say!(
             "model card written to {}",
             opts.run_dir.join("README.md").display()
         );
@@ -376,12 +376,12 @@ pub fn export(opts: &ExportOptions, endpoint: &str, token: &HfToken) -> Result<E
     )?;
     let created_repo = reply.status != 409;
     if created_repo {
-        println!(
+        crate::say!(
             "created {}repo {endpoint}/{repo}",
             if opts.private { "private " } else { "" }
         );
     } else {
-        println!("repo {endpoint}/{repo} exists (visibility unchanged)");
+        crate::say!("repo {endpoint}/{repo} exists (visibility unchanged)");
     }
 
     // 2. The branch.
@@ -394,9 +394,9 @@ pub fn export(opts: &ExportOptions, endpoint: &str, token: &HfToken) -> Result<E
             &[409],
         )?;
         if reply.status == 409 {
-            println!("branch {} exists", opts.revision);
+            crate::say!("branch {} exists", opts.revision);
         } else {
-            println!("created branch {}", opts.revision);
+            crate::say!("created branch {}", opts.revision);
         }
     }
 
@@ -459,7 +459,7 @@ pub fn export(opts: &ExportOptions, endpoint: &str, token: &HfToken) -> Result<E
     for (u, (_, bytes)) in uploaded.iter().zip(&files) {
         let line = match u.mode {
             UploadMode::Regular => {
-                println!("  {} ({}, inline)", u.path, human_size(u.size));
+                crate::say!("  {} ({}, inline)", u.path, human_size(u.size));
                 json!({"key": "file", "value": {
                     "content": b64(bytes), "path": u.path, "encoding": "base64"}})
             }
@@ -480,13 +480,13 @@ pub fn export(opts: &ExportOptions, endpoint: &str, token: &HfToken) -> Result<E
     )?;
     let commit: CommitResponse = reply.json("the commit").unwrap_or_default();
     match (&commit.commit_url, &commit.commit_oid) {
-        (Some(url), Some(oid)) => println!("committed {oid}: {url}"),
-        (Some(url), None) => println!("committed {url}"),
-        (None, Some(oid)) => println!("committed {oid}"),
-        _ => println!("committed to {}", opts.revision),
+        (Some(url), Some(oid)) => crate::say!("committed {oid}: {url}"),
+        (Some(url), None) => crate::say!("committed {url}"),
+        (None, Some(oid)) => crate::say!("committed {oid}"),
+        _ => crate::say!("committed to {}", opts.revision),
     }
     let repo_url = format!("{endpoint}/{repo}");
-    println!("uploaded {} files to {repo_url}", uploaded.len());
+    crate::say!("uploaded {} files to {repo_url}", uploaded.len());
     Ok(ExportReport {
         repo_url,
         created_repo,

@@ -648,7 +648,7 @@ pub fn load_safetensors(
     if config.tie_word_embeddings && !info.qwen2.tie_word_embeddings && says_untied(&files.config) {
         // Tying is what this loader has always done here (tests/load_checkpoint.rs pins
         // it); transformers would leave a random head. Never silently.
-        eprintln!(
+        crate::note!(
             "warning: {} says tie_word_embeddings = false but the weights ({}) have no \
              lm_head.weight: the LM head is tied to the input embeddings",
             files.config.display(),

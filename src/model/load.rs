@@ -222,7 +222,7 @@ pub fn load_model(spec: &ModelSpec) -> Result<LoadedModel> {
         None => {
             if spec.init_tiny && !Path::new(name).join("config.json").exists() {
                 check_empty_for_init_tiny(Path::new(name))?;
-                eprintln!("creating the built-in tiny model in {name}");
+                crate::note!("creating the built-in tiny model in {name}");
                 init_tiny(&TinySpec::default(), Path::new(name))?;
             }
             let mref = ModelRef::parse(name)?;

@@ -489,6 +489,14 @@ impl RowKv {
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
+    /// Bytes its keys and values take.
+    pub fn bytes(&self) -> usize {
+        self.k
+            .iter()
+            .chain(&self.v)
+            .map(|t| t.elem_count() * t.dtype().size_in_bytes())
+            .sum()
+    }
 }
 
 fn check_tensor(w: &Weights, name: &str, shape: &[usize], dtype: DType) -> Result<Tensor> {

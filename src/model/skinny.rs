@@ -178,7 +178,7 @@ impl Kernels {
             match forced {
                 Some(k) if k.supported() => k,
                 Some(k) => {
-                    eprintln!(
+                    crate::note!(
                         "warning: CONCORD_CPU_KERNELS={}: this CPU lacks it; using {}",
                         k.name(),
                         Kernels::best().name()
@@ -186,7 +186,7 @@ impl Kernels {
                     Kernels::best()
                 }
                 None => {
-                    eprintln!(
+                    crate::note!(
                         "warning: CONCORD_CPU_KERNELS={want:?} is not avx512, avx2 or \
                          portable; using {}",
                         Kernels::best().name()

@@ -1,7 +1,9 @@
 //! Guarding a run directory: one writer at a time ([`RunLock`], an exclusive advisory
 //! lock on `RUN_DIR/.lock` holding the writer's pid, released by the kernel when the
 //! process exits, crash or `kill -9` included), and no silent reuse of a directory that
-//! holds an earlier run ([`previous_run`], [`clear_previous_run`]).
+//! holds an earlier run ([`previous_run`], [`clear_previous_run`]). `--overwrite` moves
+//! the earlier run aside ([`OVERWRITTEN`]) and deletes it only once the new run has made
+//! progress, so a start that fails gives the directory back.
 use anyhow::{bail, Context, Result};
 use std::fs::{File, OpenOptions, TryLockError};
 use std::io::{Read, Seek, SeekFrom, Write};
@@ -16,6 +18,17 @@ pub const LOCK_FILE: &str = ".lock";
 pub struct RunLock {
     _file: File,
     path: PathBuf,
+    run_dir: PathBuf,
+}
+
+impl Drop for RunLock {
+    // Still under the lock (the file closes after this body): settle an `--overwrite`,
+    // whether this run ended, failed or unwound.
+    fn drop(&mut self) {
+        if let Err(e) = settle_overwritten(&self.run_dir) {
+            crate::note!("warning: {e:#}");
+        }
+    }
 }
 
 impl RunLock {
@@ -57,7 +70,11 @@ impl RunLock {
         file.seek(SeekFrom::Start(0))?;
         writeln!(file, "{}", std::process::id())?;
         file.flush()?;
-        Ok(RunLock { _file: file, path })
+        Ok(RunLock {
+            _file: file,
+            path,
+            run_dir: run_dir.to_path_buf(),
+        })
     }
 
     /// The lock file.
@@ -76,10 +93,7 @@ pub fn previous_run(run_dir: &Path) -> Result<Vec<String>> {
     }
     for e in std::fs::read_dir(run_dir).with_context(|| format!("reading {}", run_dir.display()))? {
         let name = e?.file_name().to_string_lossy().to_string();
-        if RUN_FILES.contains(&name.as_str())
-            || name.starts_with("checkpoint-")
-            || name.starts_with(".checkpoint-")
-        {
+        if RUN_FILES.contains(&name.as_str()) || is_checkpoint_name(&name) {
             found.push(name);
         }
     }
@@ -87,9 +101,6 @@ pub fn previous_run(run_dir: &Path) -> Result<Vec<String>> {
     Ok(found)
 }
 
-/// Lock `run_dir` for `command` (`train`, `sft`) and make sure it is free: a directory
-/// holding an earlier run is refused unless `resume` (continue it) or `overwrite`
-/// (its files are removed first).
 /// The configuration of a `train` / `sft` invocation: `config`, or with only `--resume
 /// DIR` the run's own `DIR/config.toml`, with `sets` applied and relative paths resolved
 /// against the current directory (recorded absolute in the run's config.toml). Refuses
@@ -125,34 +136,152 @@ pub fn load_run_config(
     Ok((cfg_path, cfg))
 }
 
+/// Lock `run_dir` for `command` (`train`, `sft`) and make sure it is free. First what
+/// killed writers left is cleaned up: an unsettled `--overwrite`, atomic-write
+/// temporaries. Files of an earlier start that failed before its first step are removed;
+/// an earlier run with progress is refused unless `resume` (continue it) or `overwrite`
+/// (moved aside until this run has made progress).
 pub fn claim(run_dir: &Path, resume: bool, overwrite: bool, command: &str) -> Result<RunLock> {
     let lock = RunLock::acquire(run_dir)?;
+    settle_overwritten(run_dir)?;
+    remove_stale_writes(run_dir)?;
     let previous = previous_run(run_dir)?;
-    if !resume && !previous.is_empty() {
-        if overwrite {
-            eprintln!(
-                "--overwrite: removing the earlier run in {} ({})",
-                run_dir.display(),
-                previous.join(", ")
-            );
-            clear_previous_run(run_dir)?;
-        } else {
-            bail!(
-                "{} already holds a run ({}); continue it with `concord {command} --resume {}`, \
-                 replace it with `--overwrite`, or choose another run.name",
-                run_dir.display(),
-                previous.join(", "),
-                run_dir.display()
-            );
-        }
+    if resume || previous.is_empty() {
+        return Ok(lock);
+    }
+    if !made_progress(run_dir)? {
+        crate::note!(
+            "removing the files of an earlier start in {} that failed before its first step \
+             ({})",
+            run_dir.display(),
+            previous.join(", ")
+        );
+        clear_previous_run(run_dir)?;
+    } else if overwrite {
+        crate::note!(
+            "--overwrite: moving the earlier run in {} aside ({}); it is deleted once this \
+             run has made progress, and restored if this one fails first",
+            run_dir.display(),
+            previous.join(", ")
+        );
+        move_aside(run_dir, &previous)?;
+    } else {
+        bail!(
+            "{} already holds a run ({}); continue it with `concord {command} --resume {}`, \
+             replace it with `--overwrite`, or choose another run.name",
+            run_dir.display(),
+            previous.join(", "),
+            run_dir.display()
+        );
     }
     Ok(lock)
+}
+
+/// Where `--overwrite` keeps the earlier run, inside the run directory, until the new
+/// run has made progress (then it is deleted) or has failed without any (then it is
+/// moved back).
+pub const OVERWRITTEN: &str = ".overwritten";
+
+fn move_aside(run_dir: &Path, names: &[String]) -> Result<()> {
+    let stash = run_dir.join(OVERWRITTEN);
+    std::fs::create_dir(&stash).with_context(|| format!("creating {}", stash.display()))?;
+    for name in names {
+        let (from, to) = (run_dir.join(name), stash.join(name));
+        std::fs::rename(&from, &to)
+            .with_context(|| format!("moving {} to {}", from.display(), to.display()))?;
+    }
+    Ok(())
+}
+
+/// Finish an `--overwrite` (see [`OVERWRITTEN`]); nothing to do without one.
+fn settle_overwritten(run_dir: &Path) -> Result<()> {
+    let stash = run_dir.join(OVERWRITTEN);
+    if !stash.is_dir() {
+        return Ok(());
+    }
+    if made_progress(run_dir)? {
+        return std::fs::remove_dir_all(&stash)
+            .with_context(|| format!("removing the overwritten run {}", stash.display()));
+    }
+    clear_previous_run(run_dir)?;
+    for e in std::fs::read_dir(&stash).with_context(|| format!("reading {}", stash.display()))? {
+        let name = e?.file_name();
+        let (from, to) = (stash.join(&name), run_dir.join(&name));
+        std::fs::rename(&from, &to)
+            .with_context(|| format!("restoring {} to {}", from.display(), to.display()))?;
+    }
+    crate::note!(
+        "restored the earlier run in {}: this one stopped before its first step",
+        run_dir.display()
+    );
+    std::fs::remove_dir(&stash).with_context(|| format!("removing {}", stash.display()))
+}
+
+/// Whether `run_dir` holds any training, its own or its warm start's: a checkpoint, an
+/// adapter or a logged step.
+pub fn made_progress(run_dir: &Path) -> Result<bool> {
+    for dir in [
+        run_dir.to_path_buf(),
+        run_dir.join(crate::config::WARM_START_DIR),
+    ] {
+        let logged = std::fs::read_to_string(dir.join(super::log::TRAINING_LOG))
+            .is_ok_and(|t| t.lines().nth(1).is_some_and(|l| !l.trim().is_empty()));
+        if logged
+            || dir.join(crate::model::lora::ADAPTER_WEIGHTS).exists()
+            || !super::checkpoint::list(&dir)?.is_empty()
+        {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
+/// A directory Concord names for a checkpoint: `checkpoint-N`, or `.checkpoint-N.tmp`
+/// while it is built (a user's `checkpoint-notes/` is not one).
+fn is_checkpoint_name(name: &str) -> bool {
+    let number = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    name.strip_prefix("checkpoint-").is_some_and(number)
+        || name
+            .strip_prefix(".checkpoint-")
+            .and_then(|s| s.strip_suffix(".tmp"))
+            .is_some_and(number)
+}
+
+/// The temporary file of an atomic write, `.NAME.PID.tmp` ([`crate::atomic`]).
+fn is_atomic_temporary(name: &str) -> bool {
+    name.starts_with('.')
+        && name
+            .strip_suffix(".tmp")
+            .and_then(|s| s.rsplit_once('.'))
+            .is_some_and(|(_, pid)| !pid.is_empty() && pid.bytes().all(|b| b.is_ascii_digit()))
+}
+
+/// Remove the atomic-write temporaries a killed writer left in `run_dir` and its warm
+/// start. Only the lock holder calls this, so no writer is using them.
+fn remove_stale_writes(run_dir: &Path) -> Result<()> {
+    for dir in [
+        run_dir.to_path_buf(),
+        run_dir.join(crate::config::WARM_START_DIR),
+    ] {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for e in entries {
+            let e = e?;
+            if e.file_type()?.is_file() && is_atomic_temporary(&e.file_name().to_string_lossy()) {
+                std::fs::remove_file(e.path())
+                    .with_context(|| format!("removing {}", e.path().display()))?;
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Files of a run (besides `checkpoint-N/`) that `--overwrite` removes.
 const RUN_FILES: &[&str] = &[
     "config.toml",
     "training_log.csv",
+    "eval_log.csv",
     "samples.jsonl",
     "adapter_model.safetensors",
     "adapter_config.json",
@@ -165,9 +294,9 @@ const RUN_FILES: &[&str] = &[
     "sft",
 ];
 
-/// Remove an earlier run's files from `run_dir` (`train --overwrite`): logs, config,
-/// adapter, plots, eval report, model card and every checkpoint. Other files and the
-/// lock are left alone.
+/// Remove an earlier run's files from `run_dir`: logs, config, adapter, plots, eval
+/// report, model card and every checkpoint. Other files, the lock and an overwritten run
+/// are left alone.
 pub fn clear_previous_run(run_dir: &Path) -> Result<()> {
     for name in previous_run(run_dir)? {
         let p = run_dir.join(&name);
@@ -210,5 +339,61 @@ mod tests {
         clear_previous_run(d.path()).unwrap();
         assert!(previous_run(d.path()).unwrap().is_empty());
         assert!(d.path().join("notes.txt").exists());
+    }
+
+    #[test]
+    fn only_concords_own_names_count() {
+        for n in ["checkpoint-0", "checkpoint-12", ".checkpoint-3.tmp"] {
+            assert!(is_checkpoint_name(n), "{n}");
+        }
+        for n in [
+            "checkpoint-",
+            "checkpoint-notes",
+            "checkpoint-1a",
+            ".checkpoint-x.tmp",
+        ] {
+            assert!(!is_checkpoint_name(n), "{n}");
+        }
+        assert!(is_atomic_temporary(".adapter_model.safetensors.4242.tmp"));
+        for n in ["adapter.4242.tmp", ".notes.tmp", ".x.12a.tmp", ".x.42.tmpx"] {
+            assert!(!is_atomic_temporary(n), "{n}");
+        }
+    }
+
+    /// An overwritten run comes back when the new start made no progress, and goes
+    /// once it has.
+    #[test]
+    fn an_overwritten_run_is_restored_or_deleted() {
+        let d = tempfile::tempdir().unwrap();
+        let earlier = "step\n1\n";
+        std::fs::write(d.path().join("training_log.csv"), earlier).unwrap();
+        std::fs::create_dir(d.path().join("checkpoint-notes")).unwrap();
+        let lock = claim(d.path(), false, true, "train").unwrap();
+        assert!(!d.path().join("training_log.csv").exists());
+        std::fs::write(d.path().join("config.toml"), "new").unwrap();
+        drop(lock);
+        let log = std::fs::read_to_string(d.path().join("training_log.csv")).unwrap();
+        assert_eq!(log, earlier);
+        assert!(!d.path().join("config.toml").exists());
+        assert!(d.path().join("checkpoint-notes").exists());
+        assert!(!d.path().join(OVERWRITTEN).exists());
+
+        let lock = claim(d.path(), false, true, "train").unwrap();
+        std::fs::write(d.path().join("training_log.csv"), "step\n1\n2\n").unwrap();
+        drop(lock);
+        assert!(!d.path().join(OVERWRITTEN).exists());
+        let log = std::fs::read_to_string(d.path().join("training_log.csv")).unwrap();
+        assert_eq!(log, "step\n1\n2\n");
+    }
+
+    #[test]
+    fn a_start_without_progress_does_not_block_its_name() {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::write(d.path().join("config.toml"), "x").unwrap();
+        std::fs::write(d.path().join("training_log.csv"), "step,loss\n").unwrap();
+        std::fs::write(d.path().join(".config.toml.99.tmp"), "x").unwrap();
+        drop(claim(d.path(), false, false, "train").unwrap());
+        assert!(previous_run(d.path()).unwrap().is_empty());
+        assert!(!d.path().join(".config.toml.99.tmp").exists());
     }
 }

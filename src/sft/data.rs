@@ -141,7 +141,9 @@ pub fn scripted_demos(
 
 /// `n` decisions from a pool of `BALANCE_POOL * n` draws: one per situation in turn
 /// (situations in report order, each in draw order), skipping situations whose share
-/// of the pool is used up.
+/// of the pool is used up. Only the draw indices are pooled, at most `n` a situation
+/// (no more can be taken), and the chosen ones drawn again: `draw` is a function of
+/// its index, and a pool of live environments would grow with `BALANCE_POOL * n`.
 fn balanced_decisions(
     factory: &dyn EnvFactory,
     n: usize,
@@ -155,7 +157,7 @@ fn balanced_decisions(
         );
     };
     let names = b.situations();
-    let mut pools: Vec<std::collections::VecDeque<envs::Decision>> =
+    let mut pools: Vec<std::collections::VecDeque<usize>> =
         names.iter().map(|_| Default::default()).collect();
     for i in 0..BALANCE_POOL * n {
         let d = draw(i);
@@ -170,18 +172,20 @@ fn balanced_decisions(
             .with_context(|| {
                 format!("sft.balance: situation `{situation}` is not in the environment's list")
             })?;
-        pools[k].push_back(d);
+        if pools[k].len() < n {
+            pools[k].push_back(i);
+        }
     }
-    let mut out = Vec::with_capacity(n);
-    // The pool holds at least `n` decisions, so every pass takes one until it has `n`.
-    while out.len() < n && pools.iter().any(|p| !p.is_empty()) {
+    let mut chosen = Vec::with_capacity(n);
+    // The pool holds at least `n` draws, so every pass takes one until it has `n`.
+    while chosen.len() < n && pools.iter().any(|p| !p.is_empty()) {
         for pool in pools.iter_mut() {
-            if out.len() < n {
-                out.extend(pool.pop_front());
+            if chosen.len() < n {
+                chosen.extend(pool.pop_front());
             }
         }
     }
-    Ok(out)
+    Ok(chosen.into_iter().map(draw).collect())
 }
 
 /// Rejection sampling: draw prompts of `task` in rounds of `g.prompts_per_step`, sample

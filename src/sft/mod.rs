@@ -84,7 +84,7 @@ pub fn build_examples(
                 max_prompts,
                 seed,
             )?;
-            eprintln!(
+            crate::note!(
                 "rejection sampling: kept {} completions with reward >= {} from {drawn} prompts x {}",
                 kept.len(),
                 s.min_reward,
@@ -124,7 +124,7 @@ fn train_into(
 ) -> Result<usize> {
     let examples = build_examples(cfg, model, renderer)?;
     let pad_id = renderer.stop_ids().first().copied().unwrap_or(0);
-    eprintln!(
+    crate::note!(
         "sft: {} demonstrations ({} completion tokens) into {}",
         examples.len(),
         examples
@@ -179,7 +179,7 @@ pub fn run_sft(opts: SftOptions) -> Result<()> {
         opts.resume.is_some(),
     )?;
     t.train()?;
-    eprintln!(
+    crate::note!(
         "done: {} SFT steps in {:.1}s; adapter in {}",
         t.state.step,
         started.elapsed().as_secs_f64(),
@@ -225,7 +225,7 @@ fn warm_start(run: &mut crate::grpo::trainer::PreparedRun) -> Result<()> {
                 &dir,
                 run.resume,
             )?;
-            eprintln!(
+            crate::note!(
                 "warm start: {steps} SFT steps in {:.1}s; GRPO starts from {}",
                 started.elapsed().as_secs_f64(),
                 dir.display()

@@ -96,7 +96,7 @@ impl<'m> SftTrainer<'m> {
             opt.load(&dir.join(checkpoint::OPTIMIZER))?;
             state = checkpoint::load_state(dir, *step)?;
             log::truncate_logs(&run_dir, state.step)?;
-            eprintln!(
+            crate::note!(
                 "resuming SFT in {} from step {}",
                 run_dir.display(),
                 state.step
@@ -140,9 +140,12 @@ impl<'m> SftTrainer<'m> {
             let row = self.step()?;
             let s = self.state.step;
             if s == self.total_steps || s.is_multiple_of(every) {
-                eprintln!(
+                crate::note!(
                     "sft step {s}/{} loss {:.4} mean_token_accuracy {:.3} ({:.1}s)",
-                    self.total_steps, row.loss, row.mean_token_accuracy, row.seconds
+                    self.total_steps,
+                    row.loss,
+                    row.mean_token_accuracy,
+                    row.seconds
                 );
             }
             if s == self.total_steps || (self.save_every > 0 && s.is_multiple_of(self.save_every)) {
@@ -196,7 +199,7 @@ impl<'m> SftTrainer<'m> {
         let mem = TrainMemory::new(self.model, false);
         let split = plan(&rows, &all, self.optim.micro_batch, false, &mem, &budget)?;
         if first {
-            eprintln!("sft step {}: {}", step + 1, split.summary());
+            crate::note!("sft step {}: {}", step + 1, split.summary());
         }
         for (mi, micro) in split.micro_batches.iter().enumerate() {
             let refs: Vec<&Rollout> = micro.rows.iter().map(|&i| &rows[i]).collect();
@@ -224,7 +227,7 @@ impl<'m> SftTrainer<'m> {
         let lr = self.optim.learning_rate * self.sched.factor(step);
         let skipped = !loss.is_finite() || !norm.is_finite();
         if skipped {
-            eprintln!(
+            crate::note!(
                 "sft step {}: non-finite loss or gradient: update skipped",
                 step + 1
             );

@@ -593,7 +593,7 @@ pub fn run_graph(env: &str, args: &GraphOptions) -> anyhow::Result<()> {
     }
     let r = walk(args.agents, args.materialize)?;
     if args.json {
-        println!(
+        crate::say!(
             "{}",
             serde_json::json!({
                 "agents": r.agents,
@@ -603,7 +603,7 @@ pub fn run_graph(env: &str, args: &GraphOptions) -> anyhow::Result<()> {
             })
         );
     } else {
-        println!(
+        crate::say!(
             "merge_ring graph, {} vehicles ({}): {} reachable states, {} state x joint-action \
              groups; {} merged and {} collided absorbing states; {} successors checked in \
              {:.3} s; peak memory {}",
