@@ -627,6 +627,39 @@ fn bad_checkpoints_are_named_errors() {
     let d = tempfile::tempdir().unwrap();
     let m = edited_tiny(&d.path().join("a"), |j| j["rms_norm_eps"] = (-1.0).into());
     assert!(load_err(&m).contains("rms_norm_eps"));
+    // A shape past any real model is refused by name before its tensors are listed
+    // (10 million layers once aborted in an allocation; issue #31, item 3).
+    let t0 = Instant::now();
+    let m = edited_tiny(&d.path().join("huge"), |j| {
+        j["num_hidden_layers"] = 10_000_000.into()
+    });
+    let e = load_err(&m);
+    assert!(
+        e.contains("config.json") && e.contains("num_hidden_layers"),
+        "{e}"
+    );
+    for (flag, v) in [
+        ("--hidden", "1000000"),
+        ("--layers", "1000000000"),
+        ("--vocab", "100000000"),
+    ] {
+        let out = d.path().join(format!("tiny{flag}"));
+        let (rc, err) = run(concord().args([
+            "model",
+            "init-tiny",
+            "--out",
+            out.to_str().unwrap(),
+            flag,
+            v,
+        ]));
+        assert_eq!(rc, Some(1), "{flag} {v}: {err}");
+        assert!(
+            err.contains("at most") || err.contains("memory"),
+            "{flag} {v}: {err}"
+        );
+        assert!(!out.join("model.safetensors").exists());
+    }
+    assert!(t0.elapsed() < Duration::from_secs(30));
     // An explicitly untied config without lm_head.weight is tied, as before (pinned by
     // tests/load_checkpoint.rs), but never silently: a warning names the file.
     let m = edited_tiny(&d.path().join("b"), |j| {
@@ -784,6 +817,118 @@ fn extreme_seconds_episodes_and_sessions_are_refused_naming_the_flag() {
     // In range, a zero timeout still means "never" and a short bench runs.
     let (rc, err) = run(concord().args(["envs", "bench", "ticketmelt", "--secs", "0"]));
     assert_eq!(rc, Some(0), "{err}");
+}
+
+/// A log cut inside its header by a crash is started again on resume, so every row
+/// matches its columns (issue #31, item 11).
+#[test]
+fn a_resume_repairs_a_log_cut_inside_its_header() {
+    let d = tempfile::tempdir().unwrap();
+    let cfg = write_config(d.path(), 2, 1);
+    let (rc, err) = train(&["--config", cfg.to_str().unwrap()]);
+    assert_eq!(rc, Some(0), "{err}");
+    let run_dir = d.path().join("runs/r");
+    let log = run_dir.join("training_log.csv");
+    let header = std::fs::read_to_string(&log)
+        .unwrap()
+        .lines()
+        .next()
+        .unwrap()
+        .to_string();
+    std::fs::write(&log, &header[..header.len() / 3]).unwrap();
+    let dir = run_dir.to_str().unwrap();
+    let (rc, err) = train(&["--resume", dir, "--set", "run.steps=3"]);
+    assert_eq!(rc, Some(0), "{err}");
+    let text = std::fs::read_to_string(&log).unwrap();
+    let mut lines = text.lines();
+    assert_eq!(lines.next(), Some(header.as_str()));
+    let rows: Vec<&str> = lines.collect();
+    assert_eq!(rows.len(), 1, "{text}");
+    let width = header.split(',').count();
+    assert!(rows.iter().all(|r| r.split(',').count() == width), "{text}");
+}
+
+/// A signal during the warm start's SFT checkpoints it like one during GRPO, and
+/// `train --resume RUN_DIR` alone continues it (issue #31, items 5 and 6).
+#[test]
+fn sigterm_in_the_warm_start_checkpoints_and_resume_continues_it() {
+    let d = tempfile::tempdir().unwrap();
+    let out = d.path().display().to_string();
+    let sets = |sft_steps: &str| {
+        vec![
+            format!("run.output_dir={out}"),
+            format!("model.name={out}/tiny"),
+            "run.steps=1".to_string(),
+            "grpo.max_completion_length=6".to_string(),
+            "grpo.prompts_per_step=1".to_string(),
+            "grpo.num_generations=2".to_string(),
+            format!("sft.steps={sft_steps}"),
+            "sft.examples=8".to_string(),
+            "sft.batch_size=2".to_string(),
+        ]
+    };
+    let mut cmd = concord();
+    cmd.args(["train", "--config", "configs/quickstart.toml"]);
+    for s in sets("100000") {
+        cmd.args(["--set", &s]);
+    }
+    let mut child = cmd
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let run_dir = d.path().join("quickstart");
+    let sft = run_dir.join("sft");
+    wait_for_rows(&mut child, &sft, 2);
+    let st = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let (rc, err) = stderr_of(child);
+    assert_eq!(rc, Some(1), "{err}");
+    let hint = format!("resume with `concord train --resume {}`", run_dir.display());
+    assert!(err.contains(&hint), "{err}");
+    let last = *checkpoints(&sft)
+        .last()
+        .expect("the interrupt's checkpoint");
+    assert_eq!(log_rows(&sft), last);
+    assert!(run_dir.join("config.toml").exists());
+
+    let mut cmd = concord();
+    cmd.args(["train", "--resume", run_dir.to_str().unwrap()]);
+    let steps = (last + 1).to_string();
+    for s in &sets(&steps)[2..] {
+        cmd.args(["--set", s]);
+    }
+    let (rc, err) = run(&mut cmd);
+    assert_eq!(rc, Some(0), "{err}");
+    assert_eq!(log_rows(&sft), last + 1);
+    assert_eq!(log_rows(&run_dir), 1);
+}
+
+/// A run directory copied (or renamed) elsewhere resumes where it is, and the original
+/// is left alone (issue #31, item 12).
+#[test]
+fn a_copied_run_directory_resumes_in_place() {
+    let d = tempfile::tempdir().unwrap();
+    let cfg = write_config(d.path(), 2, 1);
+    let (rc, err) = train(&["--config", cfg.to_str().unwrap()]);
+    assert_eq!(rc, Some(0), "{err}");
+    let (orig, copy) = (d.path().join("runs/r"), d.path().join("elsewhere/copy"));
+    std::fs::create_dir_all(d.path().join("elsewhere")).unwrap();
+    let st = Command::new("cp")
+        .arg("-r")
+        .args([&orig, &copy])
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let (rc, err) = train(&["--resume", copy.to_str().unwrap(), "--set", "run.steps=3"]);
+    assert_eq!(rc, Some(0), "{err}");
+    assert_eq!(log_rows(&copy), 3);
+    assert_eq!(checkpoints(&copy), [1, 2, 3]);
+    assert_eq!(log_rows(&orig), 2);
 }
 
 /// Spawn `concord args` with stdout and stderr piped and both read ends closed at once,

@@ -42,7 +42,6 @@ use anyhow::{bail, Context, Result};
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 pub struct Trainer {
@@ -70,21 +69,6 @@ pub struct Trainer {
     /// The processes of a data-parallel run (one process: [`Dist::single`]). Only rank
     /// 0 writes the run directory and prints progress.
     pub dist: Rc<Dist>,
-}
-
-static INTERRUPTED: AtomicBool = AtomicBool::new(false);
-
-fn install_ctrlc() {
-    // With ctrlc's `termination` feature this handler also receives SIGTERM and SIGHUP.
-    let _ = ctrlc::set_handler(|| {
-        if INTERRUPTED.swap(true, Ordering::SeqCst) {
-            crate::note!("\ninterrupted twice: exiting without a checkpoint");
-            std::process::exit(130);
-        }
-        crate::note!(
-            "\ninterrupted (signal): finishing the step, writing a checkpoint, then exiting"
-        );
-    });
 }
 
 impl Trainer {
@@ -232,7 +216,7 @@ impl Trainer {
         limit: Option<usize>,
         mut edit: impl FnMut(&mut Batch),
     ) -> Result<()> {
-        install_ctrlc();
+        crate::run::signal::install();
         let total = self.total_steps;
         let pb = if self.quiet {
             indicatif::ProgressBar::hidden()
@@ -271,7 +255,7 @@ impl Trainer {
             // together, after the same step.
             let interrupted = self
                 .dist
-                .any("interrupt flag", INTERRUPTED.load(Ordering::SeqCst))?;
+                .any("interrupt flag", crate::run::signal::interrupted())?;
             let finished = s == total || self.state.stage >= self.stages.len();
             if let Some(p) = lines.as_mut() {
                 p.step(s, row.reward, row.step_time, finished || interrupted);
@@ -285,8 +269,8 @@ impl Trainer {
             if interrupted {
                 pb.abandon_with_message(format!("interrupted: checkpoint-{s} written"));
                 bail!(
-                    "interrupted at step {s}; resume with `concord train --resume {}`",
-                    self.run_dir.display()
+                    "interrupted at step {s}; resume with `{}`",
+                    crate::run::dir::resume_command("train", &self.run_dir)
                 );
             }
         }
@@ -309,9 +293,9 @@ impl Trainer {
         match self.save_checkpoint() {
             Ok(_) => e.context(format!(
                 "step {} stopped: the OpenEnv server was lost; checkpoint-{s} written; \
-                 resume with `concord train --resume {}` once it is back",
+                 resume with `{}` once it is back",
                 s + 1,
-                self.run_dir.display()
+                crate::run::dir::resume_command("train", &self.run_dir)
             )),
             Err(ce) => e.context(format!(
                 "step {} stopped: the OpenEnv server was lost, and writing checkpoint-{s} \

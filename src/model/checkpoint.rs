@@ -428,6 +428,7 @@ pub fn parse_config(text: &str) -> Result<CheckpointConfig> {
     if qwen2.max_position_embeddings == 0 {
         bail!("config.json: max_position_embeddings must be positive");
     }
+    qwen2.validate().context("config.json")?;
     let stored_dtype = j["dtype"]
         .as_str()
         .or_else(|| j["torch_dtype"].as_str())

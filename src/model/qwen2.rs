@@ -59,7 +59,28 @@ pub struct Qwen2Config {
     pub tie_word_embeddings: bool,
 }
 
+/// Bounds on a model's shape, far beyond any released Qwen2 (72B: 80 layers, hidden
+/// 8,192, intermediate 29,568, vocab 152,064): a config past them is corrupt or hostile,
+/// and listing or allocating its tensors would exhaust memory before any check on them.
+const MAX_LAYERS: usize = 1024;
+const MAX_WIDTH: usize = 1 << 18;
+const MAX_VOCAB: usize = 1 << 22;
+const MAX_HEADS: usize = 1024;
+
 impl Qwen2Config {
+    /// Weights of the model: embedding, layers, final norm, and `lm_head` when untied.
+    /// (Within [`Self::validate`]'s bounds this cannot overflow.)
+    pub fn parameters(&self) -> u64 {
+        let [h, i, v] =
+            [self.hidden_size, self.intermediate_size, self.vocab_size].map(|x| x as u64);
+        let q = (self.num_attention_heads * self.head_dim) as u64;
+        let kv = (self.num_key_value_heads * self.head_dim) as u64;
+        let attention = (q * h + q) + 2 * (kv * h + kv) + h * q;
+        let layer = attention + 3 * h * i + 2 * h;
+        let heads = if self.tie_word_embeddings { 1 } else { 2 };
+        heads * v * h + self.num_hidden_layers as u64 * layer + h
+    }
+
     /// A tiny config for tests (hidden 64, 2 layers, 4/2 heads, vocab 512).
     pub fn tiny() -> Self {
         Qwen2Config {
@@ -98,6 +119,18 @@ impl Qwen2Config {
         let c = self;
         if c.vocab_size == 0 || c.hidden_size == 0 || c.num_hidden_layers == 0 {
             bail!("config: vocab_size, hidden_size and num_hidden_layers must be > 0");
+        }
+        for (key, v, max) in [
+            ("num_hidden_layers", c.num_hidden_layers, MAX_LAYERS),
+            ("hidden_size", c.hidden_size, MAX_WIDTH),
+            ("intermediate_size", c.intermediate_size, MAX_WIDTH),
+            ("vocab_size", c.vocab_size, MAX_VOCAB),
+            ("num_attention_heads", c.num_attention_heads, MAX_HEADS),
+            ("head_dim", c.head_dim, MAX_HEADS),
+        ] {
+            if v > max {
+                bail!("config: {key} = {v} is past any real model (at most {max})");
+            }
         }
         if c.num_attention_heads == 0
             || c.num_key_value_heads == 0
@@ -1444,5 +1477,22 @@ impl Qwen2 {
             temperature,
             with_entropy,
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parameters_of_qwen25_05b_by_hand() {
+        // 24 x (attention 1,836,160 + MLP 13,074,432 + norms 1,792) + tied embedding
+        // 151,936 x 896 + final norm 896: the 494,032,768 of the released checkpoint.
+        assert_eq!(Qwen2Config::qwen25_05b().parameters(), 494_032_768);
+        let untied = Qwen2Config {
+            tie_word_embeddings: false,
+            ..Qwen2Config::qwen25_05b()
+        };
+        assert_eq!(untied.parameters(), 494_032_768 + 151_936 * 896);
     }
 }

@@ -109,6 +109,12 @@ impl TinyDType {
             Self::F16 => "float16",
         }
     }
+    fn bytes(self) -> u64 {
+        match self {
+            Self::F32 => 4,
+            Self::Bf16 | Self::F16 => 2,
+        }
+    }
     fn st_dtype(self) -> safetensors::Dtype {
         match self {
             Self::F32 => safetensors::Dtype::F32,
@@ -203,7 +209,39 @@ impl TinySpec {
         if self.shards == 0 {
             bail!("shards must be at least 1");
         }
+        let cfg = self.qwen2_config();
+        cfg.validate()?;
+        // The weights are drawn in memory before they are written.
+        let bytes = cfg.parameters() * self.dtype.bytes();
+        if let Some(avail) = crate::sys::available_memory_bytes() {
+            if bytes > avail / 2 {
+                bail!(
+                    "this shape has {} parameters ({:.1} GB), more than half the {:.1} GB of \
+                     memory available",
+                    cfg.parameters(),
+                    bytes as f64 / 1e9,
+                    avail as f64 / 1e9
+                );
+            }
+        }
         Ok(())
+    }
+
+    /// The architecture this spec writes into config.json.
+    pub fn qwen2_config(&self) -> crate::model::qwen2::Qwen2Config {
+        crate::model::qwen2::Qwen2Config {
+            vocab_size: self.vocab,
+            hidden_size: self.hidden,
+            intermediate_size: self.intermediate,
+            num_hidden_layers: self.layers,
+            num_attention_heads: self.heads,
+            num_key_value_heads: self.kv_heads,
+            head_dim: self.head_dim(),
+            max_position_embeddings: 32768,
+            rope_theta: 1_000_000.0,
+            rms_norm_eps: 1e-6,
+            tie_word_embeddings: self.tie,
+        }
     }
 
     /// config.json in the transformers 4.x dialect (as Qwen's Hub repos write it).

@@ -102,7 +102,8 @@ pub fn previous_run(run_dir: &Path) -> Result<Vec<String>> {
 }
 
 /// The configuration of a `train` / `sft` invocation: `config`, or with only `--resume
-/// DIR` the run's own `DIR/config.toml`, with `sets` applied and relative paths resolved
+/// DIR` the run's own `DIR/config.toml` (its run directory DIR, wherever it was made),
+/// with `sets` applied and relative paths resolved
 /// against the current directory (recorded absolute in the run's config.toml). Refuses
 /// `--overwrite` with `--resume`, and a `--resume` directory that is not the config's
 /// run directory. Returns the config file's path and the config.
@@ -123,6 +124,15 @@ pub fn load_run_config(
     let mut cfg = crate::config::Config::load(&cfg_path, sets)?;
     let cwd = std::env::current_dir().context("reading the current directory")?;
     cfg.resolve_paths(&cwd);
+    if let (None, Some(dir)) = (config, resume) {
+        // The run is where its directory is now: one copied or renamed still records
+        // the name and output directory it was made with.
+        let dir = std::path::absolute(dir).context("reading the current directory")?;
+        if let (Some(parent), Some(name)) = (dir.parent(), dir.file_name()) {
+            cfg.run.output_dir = parent.to_path_buf();
+            cfg.run.name = name.to_string_lossy().into_owned();
+        }
+    }
     if let Some(dir) = resume {
         let run_dir = cfg.run_dir();
         if std::fs::canonicalize(dir).ok() != std::fs::canonicalize(&run_dir).ok() {
@@ -167,14 +177,34 @@ pub fn claim(run_dir: &Path, resume: bool, overwrite: bool, command: &str) -> Re
         move_aside(run_dir, &previous)?;
     } else {
         bail!(
-            "{} already holds a run ({}); continue it with `concord {command} --resume {}`, \
-             replace it with `--overwrite`, or choose another run.name",
+            "{} already holds a run ({}); continue it with `{}`, replace it with \
+             `--overwrite`, or choose another run.name",
             run_dir.display(),
             previous.join(", "),
-            run_dir.display()
+            resume_command(command, run_dir)
         );
     }
     Ok(lock)
+}
+
+/// The command line that continues the run in `run_dir` with `concord command`, the
+/// path quoted for a POSIX shell where it needs to be.
+pub fn resume_command(command: &str, run_dir: &Path) -> String {
+    format!(
+        "concord {command} --resume {}",
+        shell_quote(&run_dir.display().to_string())
+    )
+}
+
+/// `s` as one POSIX shell word: as it is when every character is plain, else in single
+/// quotes (a quote inside written `'\''`).
+fn shell_quote(s: &str) -> String {
+    let plain = |c: char| c.is_ascii_alphanumeric() || "_-./=:,+@%".contains(c);
+    if !s.is_empty() && s.chars().all(plain) {
+        s.to_string()
+    } else {
+        format!("'{}'", s.replace('\'', "'\\''"))
+    }
 }
 
 /// Where `--overwrite` keeps the earlier run, inside the run directory, until the new
@@ -339,6 +369,18 @@ mod tests {
         clear_previous_run(d.path()).unwrap();
         assert!(previous_run(d.path()).unwrap().is_empty());
         assert!(d.path().join("notes.txt").exists());
+    }
+
+    #[test]
+    fn resume_commands_are_shell_words() {
+        assert_eq!(
+            resume_command("train", Path::new("/w/runs/r-1")),
+            "concord train --resume /w/runs/r-1"
+        );
+        assert_eq!(
+            resume_command("sft", Path::new("/w/my runs/it's")),
+            "concord sft --resume '/w/my runs/it'\\''s'"
+        );
     }
 
     #[test]

@@ -246,11 +246,7 @@ pub fn csv_line(header: &[String], row: &StepRow) -> String {
 /// Append `row` to `run_dir/training_log.csv`, writing `header` first into a new file.
 pub fn append_row(run_dir: &Path, header: &[String], row: &StepRow) -> Result<()> {
     let path = run_dir.join(TRAINING_LOG);
-    let mut text = String::new();
-    if !path.exists() {
-        text.push_str(&header.join(","));
-        text.push('\n');
-    }
+    let mut text = csv_start(&path, &header.join(","))?;
     text.push_str(&csv_line(header, row));
     text.push('\n');
     append(&path, &text)
@@ -267,6 +263,34 @@ pub fn append_samples(run_dir: &Path, samples: &[serde_json::Value]) -> Result<(
         text.push('\n');
     }
     append(&run_dir.join(SAMPLES), &text)
+}
+
+/// What goes before the first row appended to the CSV log `path` with `header`: the
+/// header, when the file is new. A file cut inside its header line (a crash while
+/// it was written) is started again; a file whose rows follow another header is
+/// refused, since rows appended under it would no longer match their columns.
+fn csv_start(path: &Path, header: &str) -> Result<String> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(format!("{header}\n")),
+        Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
+    };
+    let mut lines = text.lines();
+    let first = lines.next().unwrap_or("");
+    if first == header && text.contains('\n') {
+        return Ok(String::new());
+    }
+    if lines.next().is_none() && header.starts_with(first) {
+        crate::atomic::atomic_write_bytes(path, format!("{header}\n").as_bytes())?;
+        return Ok(String::new());
+    }
+    bail!(
+        "{}: its header is not this run's ({} columns, this run writes {}); the file was cut \
+         or edited: restore it, or start a new run",
+        path.display(),
+        first.split(',').count(),
+        header.split(',').count()
+    )
 }
 
 fn append(path: &Path, text: &str) -> Result<()> {
@@ -291,6 +315,17 @@ pub fn remove_logs(run_dir: &Path) -> Result<()> {
     Ok(())
 }
 
+/// The lines of `text` that were written whole: a last line without its newline is
+/// what a crash cut, and is dropped (the first, a header, is kept for [`csv_start`]).
+fn complete_lines(text: &str) -> impl Iterator<Item = &str> {
+    let whole = match text.rfind('\n') {
+        Some(i) if i + 1 < text.len() => &text[..=i],
+        // Ends with its newline, or is a single line (a header, perhaps cut).
+        _ => text,
+    };
+    whole.lines()
+}
+
 /// Drop rows of training_log.csv / samples.jsonl written after `step` (by the run that
 /// was interrupted after its last checkpoint). Atomic rewrite.
 pub fn truncate_logs(run_dir: &Path, step: usize) -> Result<()> {
@@ -301,7 +336,7 @@ pub fn truncate_logs(run_dir: &Path, step: usize) -> Result<()> {
         }
         let text = std::fs::read_to_string(&csv)?;
         let mut out = String::new();
-        for (i, line) in text.lines().enumerate() {
+        for (i, line) in complete_lines(&text).enumerate() {
             let keep = i == 0
                 || line
                     .split(',')
@@ -319,7 +354,7 @@ pub fn truncate_logs(run_dir: &Path, step: usize) -> Result<()> {
     if samples.exists() {
         let text = std::fs::read_to_string(&samples)?;
         let mut out = String::new();
-        for line in text.lines() {
+        for line in complete_lines(&text) {
             let s = serde_json::from_str::<serde_json::Value>(line)
                 .ok()
                 .and_then(|v| v.get("step").and_then(|s| s.as_u64()));
@@ -351,11 +386,7 @@ pub fn append_eval_row(
     seconds: f64,
 ) -> Result<()> {
     let path = run_dir.join(EVAL_LOG);
-    let mut text = String::new();
-    if !path.exists() {
-        text.push_str(EVAL_LOG_HEADER);
-        text.push('\n');
-    }
+    let mut text = csv_start(&path, EVAL_LOG_HEADER)?;
     let (agree, best, mi, actions) = match &e.behaviour {
         Some(b) => (
             format!(
@@ -432,11 +463,7 @@ pub fn sft_header() -> Vec<String> {
 /// Append `row` to `run_dir/training_log.csv` (header first into a new file).
 pub fn append_sft_row(run_dir: &Path, row: &SftRow) -> Result<()> {
     let path = run_dir.join(TRAINING_LOG);
-    let mut text = String::new();
-    if !path.exists() {
-        text.push_str(&sft_header().join(","));
-        text.push('\n');
-    }
+    let mut text = csv_start(&path, &sft_header().join(","))?;
     text.push_str(&row.step.to_string());
     for (_, get) in SFT_COLUMNS {
         text.push(',');
@@ -593,6 +620,42 @@ fn split_csv_line(line: &str) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_cut_header_is_restarted_and_a_foreign_one_refused() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("log.csv");
+        assert_eq!(csv_start(&p, "step,a,b").unwrap(), "step,a,b\n");
+        for cut in ["", "step,a", "step,a,b"] {
+            std::fs::write(&p, cut).unwrap();
+            assert_eq!(csv_start(&p, "step,a,b").unwrap(), "", "{cut:?}");
+            assert_eq!(std::fs::read_to_string(&p).unwrap(), "step,a,b\n");
+        }
+        std::fs::write(&p, "step,a,b\n1,2,3\n").unwrap();
+        assert_eq!(csv_start(&p, "step,a,b").unwrap(), "");
+        let e = csv_start(&p, "step,a,b,c").unwrap_err().to_string();
+        assert!(e.contains("log.csv") && e.contains("3 columns"), "{e}");
+        assert_eq!(std::fs::read_to_string(&p).unwrap(), "step,a,b\n1,2,3\n");
+    }
+
+    #[test]
+    fn a_resume_drops_rows_after_the_checkpoint_and_a_cut_last_row() {
+        let d = tempfile::tempdir().unwrap();
+        let log = d.path().join(TRAINING_LOG);
+        std::fs::write(&log, "step,x\n1,0.5\n2,0.25\n3,0.1\n4,0").unwrap();
+        truncate_logs(d.path(), 3).unwrap();
+        assert_eq!(
+            std::fs::read_to_string(&log).unwrap(),
+            "step,x\n1,0.5\n2,0.25\n3,0.1\n"
+        );
+        std::fs::write(&log, "step,x\n1,0.5\n2,0.2").unwrap();
+        truncate_logs(d.path(), 3).unwrap();
+        assert_eq!(std::fs::read_to_string(&log).unwrap(), "step,x\n1,0.5\n");
+        let samples = d.path().join(SAMPLES);
+        std::fs::write(&samples, "{\"step\":1}\n{\"step\":2}\n{\"step\":").unwrap();
+        truncate_logs(d.path(), 1).unwrap();
+        assert_eq!(std::fs::read_to_string(&samples).unwrap(), "{\"step\":1}\n");
+    }
 
     #[test]
     fn written_rows_read_back_by_name() {

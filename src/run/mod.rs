@@ -7,3 +7,4 @@ pub mod checkpoint;
 pub mod dir;
 pub mod eval_report;
 pub mod log;
+pub mod signal;

@@ -178,7 +178,9 @@ pub fn run_sft(opts: SftOptions) -> Result<()> {
         run_dir.clone(),
         opts.resume.is_some(),
     )?;
-    t.train()?;
+    t.train().map_err(|e| {
+        crate::run::signal::with_resume_hint(e, || crate::run::dir::resume_command("sft", &run_dir))
+    })?;
     crate::note!(
         "done: {} SFT steps in {:.1}s; adapter in {}",
         t.state.step,
@@ -216,6 +218,13 @@ fn warm_start(run: &mut crate::grpo::trainer::PreparedRun) -> Result<()> {
             if let Some(s) = sft_cfg.sft.as_mut() {
                 s.warm_start = false;
             }
+            // The run's config first, so that `train --resume RUN_DIR` works from any
+            // point of the warm start (GRPO records it again, with the adapter).
+            let run_dir = run.cfg.run_dir();
+            crate::atomic::atomic_write_bytes(
+                &run_dir.join("config.toml"),
+                run.cfg.to_run_toml(&run_dir)?.as_bytes(),
+            )?;
             let started = std::time::Instant::now();
             let steps = train_into(
                 &sft_cfg,
@@ -224,7 +233,12 @@ fn warm_start(run: &mut crate::grpo::trainer::PreparedRun) -> Result<()> {
                 &run.base,
                 &dir,
                 run.resume,
-            )?;
+            )
+            .map_err(|e| {
+                crate::run::signal::with_resume_hint(e, || {
+                    crate::run::dir::resume_command("train", &run_dir)
+                })
+            })?;
             crate::note!(
                 "warm start: {steps} SFT steps in {:.1}s; GRPO starts from {}",
                 started.elapsed().as_secs_f64(),

@@ -135,6 +135,7 @@ impl<'m> SftTrainer<'m> {
     /// Train to the last step, writing checkpoints every `save_every` steps and at the
     /// end, and the adapter into the run directory.
     pub fn train(&mut self) -> Result<()> {
+        crate::run::signal::install();
         let every = (self.total_steps / 10).max(1);
         while self.state.step < self.total_steps {
             let row = self.step()?;
@@ -148,8 +149,19 @@ impl<'m> SftTrainer<'m> {
                     row.seconds
                 );
             }
-            if s == self.total_steps || (self.save_every > 0 && s.is_multiple_of(self.save_every)) {
-                self.save_checkpoint()?;
+            let interrupted = crate::run::signal::interrupted();
+            let due =
+                s == self.total_steps || (self.save_every > 0 && s.is_multiple_of(self.save_every));
+            if due || interrupted {
+                let checkpoint = self.save_checkpoint()?;
+                if interrupted {
+                    let stop = crate::run::signal::Interrupted {
+                        what: "SFT",
+                        step: s,
+                        checkpoint,
+                    };
+                    return Err(stop.into());
+                }
             }
         }
         self.model.save_adapter(&self.run_dir, &self.base_model)
