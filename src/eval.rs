@@ -429,7 +429,12 @@ pub fn run_eval(args: EvalOptions) -> Result<()> {
         models: BTreeMap::new(),
     };
     if let Some(path) = &args.against {
-        let earlier = EvalReport::read(path)?;
+        let earlier = EvalReport::read(path).with_context(|| {
+            format!(
+                "--against {}: expected an eval.json written by `concord eval`",
+                path.display()
+            )
+        })?;
         report
             .check_comparable(&earlier)
             .with_context(|| format!("--against {}", path.display()))?;

@@ -43,3 +43,50 @@ pub fn available_memory_bytes() -> Option<u64> {
         .ok()?;
     Some(kb * 1024)
 }
+
+/// `text` with the user information of every URL in it (`https://user:secret@host`)
+/// replaced by `***`: an endpoint or `env.url` with credentials must never be printed.
+pub fn redact_url_credentials(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(i) = rest.find("://") {
+        let (head, tail) = rest.split_at(i + 3);
+        out.push_str(head);
+        let end = tail
+            .find(|c: char| {
+                c == '/' || c == '?' || c == '#' || c.is_whitespace() || "\"'`<>".contains(c)
+            })
+            .unwrap_or(tail.len());
+        let authority = &tail[..end];
+        match authority.rfind('@') {
+            Some(at) => {
+                out.push_str("***");
+                out.push_str(&authority[at..]);
+            }
+            None => out.push_str(authority),
+        }
+        rest = &tail[end..];
+    }
+    out.push_str(rest);
+    out
+}
+
+#[cfg(test)]
+mod redact_tests {
+    use super::redact_url_credentials as r;
+
+    #[test]
+    fn url_credentials_are_redacted() {
+        assert_eq!(
+            r("POST http://hf_secret123@127.0.0.1:8080/api/repos failed"),
+            "POST http://***@127.0.0.1:8080/api/repos failed"
+        );
+        assert_eq!(
+            r("ws://u:p@h/ws and https://h/x"),
+            "ws://***@h/ws and https://h/x"
+        );
+        assert_eq!(r("see `https://a:b@c`"), "see `https://***@c`");
+        assert_eq!(r("no urls, user@host"), "no urls, user@host");
+        assert_eq!(r("https://h/p?mail=a@b"), "https://h/p?mail=a@b");
+    }
+}

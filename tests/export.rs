@@ -734,6 +734,22 @@ fn unreachable_hub_fails_fast() {
     assert!(all.contains("3 attempts"), "{all}");
     assert!(all.contains("HF_ENDPOINT"), "{all}");
     assert!(!all.contains("hf_unreachable"), "{all}");
+
+    // Credentials inside the endpoint URL are never printed either (issue #31, item 19).
+    let with_secret = format!("http://hf_secret123:pw@127.0.0.1:{port}");
+    let (out, _) = concord(
+        &["export", run.to_str().unwrap(), "--repo", "dave/x"],
+        &with_secret,
+        Some("hf_unreachable"),
+        dir.path(),
+    );
+    let all = text(&out);
+    assert!(!out.status.success(), "{all}");
+    assert!(
+        !all.contains("hf_secret123") && !all.contains(":pw@"),
+        "{all}"
+    );
+    assert!(all.contains("http://***@127.0.0.1"), "{all}");
 }
 
 /// A server that accepts connections and never answers: the export gives up within

@@ -814,6 +814,20 @@ fn extreme_seconds_episodes_and_sessions_are_refused_naming_the_flag() {
             assert!(t0.elapsed() < Duration::from_secs(30), "{args:?} {v}");
         }
     }
+    // A bad --host is blamed on the host, not on the port (item 22).
+    let (rc, err) = run(concord().args([
+        "serve",
+        "ticketmelt",
+        "--port",
+        "0",
+        "--host",
+        "not a host!",
+    ]));
+    assert_eq!(rc, Some(1), "{err}");
+    assert!(
+        err.contains("--host") && !err.contains("port is in use"),
+        "{err}"
+    );
     // In range, a zero timeout still means "never" and a short bench runs.
     let (rc, err) = run(concord().args(["envs", "bench", "ticketmelt", "--secs", "0"]));
     assert_eq!(rc, Some(0), "{err}");

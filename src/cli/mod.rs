@@ -110,7 +110,11 @@ pub fn main() -> i32 {
     match run(cli) {
         Ok(()) => 0,
         Err(e) => {
-            crate::note!("error: {e:#}");
+            // An endpoint or env.url may carry credentials; errors quote URLs.
+            crate::note!(
+                "error: {}",
+                crate::sys::redact_url_credentials(&format!("{e:#}"))
+            );
             1
         }
     }

@@ -1042,9 +1042,11 @@ fn de_error(src: &Source, e: &toml::de::Error) -> anyhow::Error {
             } else {
                 format!(" (at `{}`)", truncate(what, 40))
             };
-            let sec_note = match section {
-                Some(s) => format!(" in [{s}]"),
-                None => String::new(),
+            let sec_note = match (&section, key_before(src.text, span.start)) {
+                (Some(s), Some(k)) => format!(" in [{s}], key `{s}.{k}`"),
+                (None, Some(k)) => format!(", key `{k}`"),
+                (Some(s), None) => format!(" in [{s}]"),
+                (None, None) => String::new(),
             };
             anyhow!(
                 "{}: line {line}, column {col}{sec_note}: {msg}{key_note}",
@@ -1053,6 +1055,17 @@ fn de_error(src: &Source, e: &toml::de::Error) -> anyhow::Error {
         }
         None => anyhow!("{}: {msg}", src.path),
     }
+}
+
+/// The key assigned on the line of byte offset `pos`, when `pos` is in its value
+/// (`loss_type = "bogus"` -> `loss_type`): a bad value's error then names its key.
+fn key_before(text: &str, pos: usize) -> Option<String> {
+    let pos = pos.min(text.len());
+    let start = text[..pos].rfind('\n').map_or(0, |i| i + 1);
+    let (key, _) = text[start..pos].split_once('=')?;
+    let key = key.trim().trim_matches(|c| c == '"' || c == '\'');
+    let plain = |c: char| c.is_ascii_alphanumeric() || "_-.".contains(c);
+    (!key.is_empty() && key.chars().all(plain)).then(|| key.to_string())
 }
 
 fn truncate(s: &str, n: usize) -> String {
@@ -1296,6 +1309,21 @@ mod tests {
         assert_eq!(line_col(t, 10), (3, 1));
         assert_eq!(section_at(t, 10).as_deref(), Some("x"));
         assert_eq!(find_key_line(t, "x", "b"), Some(3));
+        assert_eq!(key_before(t, 14).as_deref(), Some("b"));
+        assert_eq!(key_before(t, 10), None);
+    }
+
+    /// A bad value names its key, not only its line and section (issue #31, item 21).
+    #[test]
+    fn a_bad_enum_value_names_its_key() {
+        let t = MIN.replace("[env]", "[grpo]\nloss_type = \"bogus_loss\"\n[env]");
+        let e = Config::from_toml_str(&t, "c.toml", &[])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("key `grpo.loss_type`") && e.contains("bogus_loss"),
+            "{e}"
+        );
     }
 
     #[test]

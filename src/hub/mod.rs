@@ -226,7 +226,7 @@ pub fn run_export(opts: &ExportOptions, dry_run: bool) -> Result<()> {
         let files = collect_files(opts)?;
         crate::say!(
             "dry run: would upload to {}/{} (revision {}){}:",
-            endpoint_from_env(),
+            crate::sys::redact_url_credentials(&endpoint_from_env()),
             opts.repo,
             opts.revision,
             if opts.private { ", private" } else { "" }
@@ -248,9 +248,7 @@ pub fn run_export(opts: &ExportOptions, dry_run: bool) -> Result<()> {
 
 fn validate_options(opts: &ExportOptions) -> Result<()> {
     validate_repo_id(&opts.repo)?;
-    if opts.revision.trim().is_empty() {
-        bail!("--revision must not be empty");
-    }
+    validate_revision(&opts.revision)?;
     if opts.message.trim().is_empty() {
         bail!("--message must not be empty");
     }
@@ -265,6 +263,30 @@ fn validate_options(opts: &ExportOptions) -> Result<()> {
                 opts.run_dir.display()
             );
         }
+    }
+    Ok(())
+}
+
+/// Checks a branch name with git's rules for ref names (`git check-ref-format`), which
+/// the Hub applies: a `../../main` would otherwise reach the server as a path.
+fn validate_revision(rev: &str) -> Result<()> {
+    let bad_char = |c: char| c.is_control() || " ~^:?*[\\".contains(c);
+    let bad = rev.trim().is_empty()
+        || rev == "@"
+        || rev.contains("..")
+        || rev.contains("@{")
+        || rev.contains("//")
+        || rev.starts_with('/')
+        || rev.ends_with(['/', '.'])
+        || rev.chars().any(bad_char)
+        || rev
+            .split('/')
+            .any(|p| p.starts_with('.') || p.ends_with(".lock"));
+    if bad {
+        bail!(
+            "--revision {rev:?} is not a valid branch name (git's ref-name rules: no `..`, \
+             no component starting with `.`, no spaces or `~^:?*[\\`)"
+        );
     }
     Ok(())
 }
@@ -381,7 +403,10 @@ pub fn export(opts: &ExportOptions, endpoint: &str, token: &HfToken) -> Result<E
             if opts.private { "private " } else { "" }
         );
     } else {
-        crate::say!("repo {endpoint}/{repo} exists (visibility unchanged)");
+        crate::say!(
+            "repo {}/{repo} exists (visibility unchanged)",
+            crate::sys::redact_url_credentials(&endpoint)
+        );
     }
 
     // 2. The branch.
@@ -485,7 +510,7 @@ pub fn export(opts: &ExportOptions, endpoint: &str, token: &HfToken) -> Result<E
         (None, Some(oid)) => crate::say!("committed {oid}"),
         _ => crate::say!("committed to {}", opts.revision),
     }
-    let repo_url = format!("{endpoint}/{repo}");
+    let repo_url = crate::sys::redact_url_credentials(&format!("{endpoint}/{repo}"));
     crate::say!("uploaded {} files to {repo_url}", uploaded.len());
     Ok(ExportReport {
         repo_url,
@@ -499,6 +524,35 @@ pub fn export(opts: &ExportOptions, endpoint: &str, token: &HfToken) -> Result<E
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn revisions_follow_gits_ref_name_rules() {
+        for ok in ["main", "v1.0", "exp/run-7", "feature_x"] {
+            assert!(validate_revision(ok).is_ok(), "{ok}");
+        }
+        for bad in [
+            "",
+            " ",
+            "../../main",
+            "a..b",
+            ".hidden",
+            "a/.b",
+            "x.lock",
+            "a b",
+            "a:b",
+            "/a",
+            "a/",
+            "a//b",
+            "a.",
+            "@",
+            "a@{1}",
+            "a\\b",
+            "a\tb",
+        ] {
+            let e = validate_revision(bad).unwrap_err().to_string();
+            assert!(e.contains("--revision"), "{bad:?}: {e}");
+        }
+    }
 
     #[test]
     fn hub_token_never_prints() {

@@ -378,8 +378,9 @@ pub struct MemoryBudget {
 pub enum BudgetSource {
     /// Set by `[optim] memory_budget_gb`.
     Configured,
-    /// [`DEFAULT_BUDGET_SHARE`] of this many bytes available on the host.
-    Available(f64),
+    /// [`DEFAULT_BUDGET_SHARE`] of this many bytes available on the host, divided
+    /// among this many processes of a data-parallel job on the same host.
+    Available(f64, usize),
     /// Not set and not known (a GPU, or no `/proc/meminfo`): no limit.
     Unknown,
 }
@@ -393,6 +394,28 @@ impl Default for MemoryBudget {
     }
 }
 
+/// Processes of this job on this host, from the launcher's environment (Open MPI,
+/// MPICH, torchrun, Slurm's first node count); 1 when none says. Each process reads the
+/// same available memory, so without dividing it the ranks of one host would each
+/// budget for all of it (two ranks of the 0.5B on a 24 GB host were OOM-killed).
+pub fn local_processes(var: impl Fn(&str) -> Option<String>) -> usize {
+    let keys = [
+        "OMPI_COMM_WORLD_LOCAL_SIZE",
+        "MPI_LOCALNRANKS",
+        "LOCAL_WORLD_SIZE",
+        "SLURM_NTASKS_PER_NODE",
+    ];
+    keys.iter()
+        .filter_map(|k| var(k))
+        .filter_map(|v| {
+            // Slurm writes e.g. "2(x3)": 2 tasks on each of 3 nodes.
+            let digits: String = v.trim().chars().take_while(char::is_ascii_digit).collect();
+            digits.parse::<usize>().ok()
+        })
+        .find(|&n| n >= 1)
+        .unwrap_or(1)
+}
+
 impl MemoryBudget {
     /// `configured_gb` when set; else on the CPU [`DEFAULT_BUDGET_SHARE`] of the memory
     /// available now; else (other devices, whose free memory is not read) no limit.
@@ -404,10 +427,13 @@ impl MemoryBudget {
             };
         }
         match available_memory() {
-            Some(avail) if device.is_cpu() => MemoryBudget {
-                bytes: avail * DEFAULT_BUDGET_SHARE,
-                source: BudgetSource::Available(avail),
-            },
+            Some(avail) if device.is_cpu() => {
+                let n = local_processes(|k| std::env::var(k).ok());
+                MemoryBudget {
+                    bytes: avail * DEFAULT_BUDGET_SHARE / n as f64,
+                    source: BudgetSource::Available(avail, n),
+                }
+            }
             _ => MemoryBudget::default(),
         }
     }
@@ -421,8 +447,14 @@ impl MemoryBudget {
     pub fn describe(&self) -> String {
         match self.source {
             BudgetSource::Configured => format!("{} ([optim] memory_budget_gb)", gb(self.bytes)),
-            BudgetSource::Available(a) => format!(
+            BudgetSource::Available(a, 1) => format!(
                 "{} ({:.0}% of {} available)",
+                gb(self.bytes),
+                DEFAULT_BUDGET_SHARE * 100.0,
+                gb(a)
+            ),
+            BudgetSource::Available(a, n) => format!(
+                "{} ({:.0}% of {} available, shared by {n} processes on this host)",
                 gb(self.bytes),
                 DEFAULT_BUDGET_SHARE * 100.0,
                 gb(a)
@@ -519,16 +551,48 @@ mod tests {
     }
 
     #[test]
+    fn local_processes_come_from_the_launcher() {
+        let env = |pairs: &'static [(&'static str, &'static str)]| {
+            move |k: &str| {
+                pairs
+                    .iter()
+                    .find(|(n, _)| *n == k)
+                    .map(|(_, v)| v.to_string())
+            }
+        };
+        assert_eq!(local_processes(env(&[])), 1);
+        assert_eq!(
+            local_processes(env(&[("OMPI_COMM_WORLD_LOCAL_SIZE", "2")])),
+            2
+        );
+        assert_eq!(local_processes(env(&[("LOCAL_WORLD_SIZE", "8")])), 8);
+        assert_eq!(
+            local_processes(env(&[("SLURM_NTASKS_PER_NODE", "4(x3)")])),
+            4
+        );
+        assert_eq!(local_processes(env(&[("MPI_LOCALNRANKS", "0")])), 1);
+        assert_eq!(local_processes(env(&[("LOCAL_WORLD_SIZE", "lots")])), 1);
+    }
+
+    #[test]
     fn budgets_resolve_and_describe() {
         let b = MemoryBudget::resolve(Some(2.5), &Device::Cpu);
         assert_eq!(b.bytes, 2.5 * GB);
         assert_eq!(b.describe(), "2.50 GB ([optim] memory_budget_gb)");
         assert!(b.fits(2.5 * GB) && !b.fits(2.6 * GB));
         let auto = MemoryBudget::resolve(None, &Device::Cpu);
-        if let BudgetSource::Available(a) = auto.source {
-            assert_eq!(auto.bytes, a * DEFAULT_BUDGET_SHARE);
+        if let BudgetSource::Available(a, n) = auto.source {
+            assert_eq!(auto.bytes, a * DEFAULT_BUDGET_SHARE / n as f64);
             assert!(auto.describe().contains("70% of"), "{}", auto.describe());
         }
+        let shared = MemoryBudget {
+            bytes: 7.0 * GB,
+            source: BudgetSource::Available(20.0 * GB, 2),
+        };
+        assert_eq!(
+            shared.describe(),
+            "7.00 GB (70% of 20.00 GB available, shared by 2 processes on this host)"
+        );
         assert!(MemoryBudget::default().fits(1e30));
     }
 }

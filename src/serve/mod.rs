@@ -189,9 +189,18 @@ async fn bind(opts: &ServeOptions) -> Result<(tokio::net::TcpListener, App, watc
     let factory: Arc<dyn EnvFactory> = Arc::from(envs::create(&opts.env, &opts.options)?);
     let summary = envs::entry(&opts.env).map_or("", |e| e.summary);
     let addr = format!("{}:{}", opts.host, opts.port);
-    let listener = tokio::net::TcpListener::bind(&addr)
-        .await
-        .with_context(|| format!("binding {addr} (is the port in use? try --port)"))?;
+    let listener = tokio::net::TcpListener::bind(&addr).await.map_err(|e| {
+        // Only an address in use is a matter of --port; a bad --host is not.
+        let hint = match e.kind() {
+            std::io::ErrorKind::AddrInUse => " (the port is in use: try another --port)",
+            std::io::ErrorKind::AddrNotAvailable => " (--host is not an address of this machine)",
+            _ if opts.host.parse::<std::net::IpAddr>().is_err() => {
+                " (--host must be an IP address or a resolvable host name)"
+            }
+            _ => "",
+        };
+        anyhow::Error::new(e).context(format!("binding {addr}{hint}"))
+    })?;
     let (stop_tx, stop_rx) = watch::channel(false);
     let app = App(Arc::new(Shared {
         http: Mutex::new(session::Session::new(factory.clone())),
