@@ -410,7 +410,16 @@ pub fn run_eval(args: EvalOptions) -> Result<()> {
     // A run that started from an adapter (`model.adapter`, or an `[sft] warm_start`)
     // is compared with that start: the `base` entry is then the start adapter, so the
     // delta is what the run itself added.
-    let start = cfg.start_adapter();
+    let mut start = cfg.start_adapter();
+    if let Some(s) = start.as_deref().filter(|s| args.compare && !s.exists()) {
+        // Evaluating a published adapter without its run: the start it was trained
+        // from is not here, so the comparison is with the base model, and says so.
+        crate::note!(
+            "--compare: the run's start adapter {} is not here; comparing with the base model",
+            s.display()
+        );
+        start = None;
+    }
     let mut labels: Vec<(&str, Option<&Path>)> = Vec::new();
     if args.base {
         labels.push(("base", None));

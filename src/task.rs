@@ -253,8 +253,15 @@ pub fn load_model(cfg: &Config) -> Result<(Qwen2, Box<dyn Renderer>, String)> {
             );
         }
     }
-    let tokenizer = m
-        .tokenizer
-        .with_context(|| format!("{name} has no tokenizer"))?;
+    let tokenizer = m.tokenizer.with_context(|| {
+        let hint = if name.starts_with("random:") {
+            " (`random:` shapes are for benchmarks; to train on a built-in model, give \
+                 `model.name = \"PATH\"` with `model.init_tiny = true`, as \
+                 configs/quickstart.toml does)"
+        } else {
+            ""
+        };
+        format!("{name} has no tokenizer{hint}")
+    })?;
     Ok((m.model, Box::new(tokenizer), name))
 }

@@ -164,6 +164,30 @@ fn eval_compare_reports_held_out_episodes() {
     concord_ok(&["plot", &run.display().to_string()]);
     let png = std::fs::read(run.join("before_after.png")).unwrap();
     assert!(png.starts_with(b"\x89PNG\r\n\x1a\n") && png.len() > 1000);
+
+    // A published adapter without its run (the warm start gone): `--compare` compares
+    // it with the base model, and says so, rather than failing on the missing start.
+    let published = dir.path().join("published");
+    std::fs::create_dir(&published).unwrap();
+    for f in ["adapter_model.safetensors", "adapter_config.json"] {
+        std::fs::copy(run.join(f), published.join(f)).unwrap();
+    }
+    std::fs::remove_dir_all(run.join("sft")).unwrap();
+    let published_s = published.display().to_string();
+    let mut reader = eval.clone();
+    reader.extend(["--adapter", published_s.as_str(), "--out"]);
+    let out_path = dir.path().join("reader.json").display().to_string();
+    reader.push(out_path.as_str());
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_concord"))
+        .args(&reader)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("comparing with the base model"), "{err}");
+    let r: EvalReport = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(r.models["base"].adapter, None);
 }
 
 /// `[run] eval_every`: held-out rows at the due steps and at the end, through the same

@@ -424,6 +424,21 @@ fn oversized_configs_are_refused_with_the_key() {
             .to_string();
         assert!(e.contains(key) && e.contains("limit"), "{set}: {e}");
     }
+    // A curriculum of thousands of stages is refused before any is built (item 16).
+    let stages: String = (0..300)
+        .map(|i| format!("[[stage]]\nname = \"s{i}\"\nsteps = 1\nenvs = {{ ticketmelt = 1.0 }}\n"))
+        .collect();
+    let many = format!(
+        "{}{stages}",
+        base.replace("[env]\nname = \"ticketmelt\"\n", "")
+    );
+    let t0 = Instant::now();
+    let e = match Config::from_toml_str(&many, "c.toml", &[]) {
+        Ok(_) => panic!("300 stages were accepted"),
+        Err(e) => e.to_string(),
+    };
+    assert!(e.contains("[[stage]]") && e.contains("limit of 256"), "{e}");
+    assert!(t0.elapsed() < Duration::from_secs(10));
 }
 
 #[test]
@@ -463,6 +478,24 @@ fn oversized_requests_are_clear_errors_not_allocation_aborts() {
             .map(String::from)
             .collect(),
             "memory is available",
+        ),
+        (
+            // Values no sane request uses (issue #31, item 23).
+            vec![
+                "generate",
+                "--model",
+                model,
+                "--messages",
+                m,
+                "--min-new-tokens",
+                "10",
+                "--max-new-tokens",
+                "2",
+            ]
+            .into_iter()
+            .map(String::from)
+            .collect(),
+            "--min-new-tokens 10 is more than --max-new-tokens 2",
         ),
         (
             vec![

@@ -30,7 +30,7 @@ pub struct Cli {
 pub enum Command {
     /// Inspect, play and benchmark the built-in environments.
     Envs(envs::EnvsArgs),
-    /// Create model checkpoints (`model init-tiny`).
+    /// Create model checkpoints and adapters (`model init-tiny`, `model init-adapter`).
     Model(model::ModelArgs),
     /// Log-probabilities of a completion given a chat prompt (JSON).
     Score(score::ScoreArgs),
@@ -42,7 +42,7 @@ pub enum Command {
     Sft(sft::SftArgs),
     /// Play held-out episodes: reward components, win rates, 95% CIs (`--compare`: base vs adapter).
     Eval(eval::EvalArgs),
-    /// Benchmarks (`bench sample`, `bench train`).
+    /// Benchmarks (`bench sample`, `bench train`, `bench grpo-step`, `bench serve`).
     Bench(bench::BenchArgs),
     /// Draw reward_curve.png, components.png (and before_after.png after `eval --compare`) for a run directory.
     Plot(plot::PlotArgs),

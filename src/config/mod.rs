@@ -800,6 +800,9 @@ pub mod limits {
     pub const MAX_COMPLETION_LENGTH: usize = 131_072;
     /// `grpo.num_iterations`.
     pub const MAX_NUM_ITERATIONS: usize = 1000;
+    /// `[[stage]]` tables (each builds its environments up front: 4,000 took 17 s and
+    /// 3.3 GB before the first step).
+    pub const MAX_STAGES: usize = 256;
     /// `optim.memory_budget_gb` (a petabyte: a typo guard, not a machine).
     pub const MAX_MEMORY_BUDGET_GB: f64 = 1e6;
 }
@@ -895,12 +898,39 @@ impl Config {
         out
     }
 
+    /// `~/...` in the path keys as the shell would write it, from `HOME`: TOML does
+    /// not expand it, and `output_dir = "~/runs"` made a directory named `~`.
+    fn expand_home(&mut self) {
+        let Some(home) = std::env::var_os("HOME").filter(|h| !h.is_empty()) else {
+            return;
+        };
+        let expand = |p: &Path| -> Option<PathBuf> {
+            let rest = p.strip_prefix("~").ok()?;
+            Some(Path::new(&home).join(rest))
+        };
+        if let Some(p) = expand(&self.run.output_dir) {
+            self.run.output_dir = p;
+        }
+        if let Some(p) = expand(Path::new(&self.model.name)) {
+            self.model.name = p.display().to_string();
+        }
+        if let Some(p) = self.model.adapter.as_deref().and_then(expand) {
+            self.model.adapter = Some(p);
+        }
+        if let Some(s) = self.sft.as_mut() {
+            if let Some(p) = s.path.as_deref().and_then(expand) {
+                s.path = Some(p);
+            }
+        }
+    }
+
     /// Make the path keys absolute, resolved against the current directory (`base`):
     /// `run.output_dir` always, `model.name` when it names a local path (it exists, or
     /// `init_tiny` will create it, or it is written as a path) and not a Hub id or a
     /// `random:` shape. The run's config.toml then records where things are, so
     /// `train --resume RUN_DIR` works from any directory.
     pub fn resolve_paths(&mut self, base: &Path) {
+        self.expand_home();
         let abs = |p: &Path| -> PathBuf {
             let joined = if p.is_absolute() {
                 p.to_path_buf()
@@ -1311,6 +1341,22 @@ mod tests {
         assert_eq!(find_key_line(t, "x", "b"), Some(3));
         assert_eq!(key_before(t, 14).as_deref(), Some("b"));
         assert_eq!(key_before(t, 10), None);
+    }
+
+    #[test]
+    fn home_is_expanded_and_insane_learning_rates_refused() {
+        let Some(home) = std::env::var_os("HOME").filter(|h| !h.is_empty()) else {
+            return;
+        };
+        let t = MIN.replace("[model]", "[run]\noutput_dir = \"~/runs\"\n[model]");
+        let mut c = Config::from_toml_str(&t, "c.toml", &[]).unwrap();
+        c.resolve_paths(Path::new("/w"));
+        assert_eq!(c.run.output_dir, Path::new(&home).join("runs"));
+        let t = MIN.replace("[env]", "[optim]\nlearning_rate = 1e30\n[env]");
+        let e = Config::from_toml_str(&t, "c.toml", &[])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("learning_rate") && e.contains("(0, 1]"), "{e}");
     }
 
     /// A bad value names its key, not only its line and section (issue #31, item 21).

@@ -149,8 +149,11 @@ impl SftConfig {
                 format!("must be in 1..={}", super::limits::MAX_BATCH_ROWS),
             ));
         }
-        if !(self.learning_rate > 0.0) || !self.learning_rate.is_finite() {
-            return Err(("learning_rate", "must be > 0".into()));
+        if !(self.learning_rate > 0.0 && self.learning_rate <= 1.0) {
+            return Err((
+                "learning_rate",
+                "must be in (0, 1] (AdamW moves a weight by about it a step)".into(),
+            ));
         }
         Ok(())
     }

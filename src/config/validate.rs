@@ -32,6 +32,16 @@ impl Config {
                 format!("{} exceeds the limit of {}", r.steps, limits::MAX_STEPS),
             ));
         }
+        if self.stages.len() > limits::MAX_STAGES {
+            return Err(ValidationError {
+                key: None,
+                message: format!(
+                    "{} [[stage]] tables exceed the limit of {}",
+                    self.stages.len(),
+                    limits::MAX_STAGES
+                ),
+            });
+        }
         if self.env.as_ref().is_some_and(|e| e.is_episode()) {
             if !self.stages.is_empty() {
                 return Err(err(
@@ -262,11 +272,13 @@ impl Config {
         }
         self.validate_trl_knobs(g)?;
         let o = &self.optim;
-        if !(o.learning_rate > 0.0) || !o.learning_rate.is_finite() {
+        // AdamW moves every weight by about the learning rate each step: past 1 the
+        // adapter is noise after one step, whatever the loss.
+        if !(o.learning_rate > 0.0 && o.learning_rate <= 1.0) {
             return Err(err(
                 "optim",
                 "learning_rate",
-                format!("{} must be > 0", o.learning_rate),
+                format!("{} must be in (0, 1]", o.learning_rate),
             ));
         }
         if !(o.max_grad_norm >= 0.0) {

@@ -409,7 +409,42 @@ pub fn read_peft_tensors(dir: &Path) -> Result<HashMap<String, PeftTensor>> {
                 .collect(),
             d => bail!("{}: tensor {name} has unsupported dtype {d:?}", p.display()),
         };
+        // A diverged run's NaN or inf would make every later forward NaN, silently.
+        if let Some(x) = vals.iter().find(|x| !x.is_finite()) {
+            bail!(
+                "{}: tensor {name} holds {x}: the adapter was saved from a diverged run",
+                p.display()
+            );
+        }
         out.insert(name, (view.shape().to_vec(), vals));
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_adapter_holding_nan_is_refused_by_name() {
+        let d = tempfile::tempdir().unwrap();
+        let write = |v: f32| {
+            let bytes: Vec<u8> = [0.5f32, v].iter().flat_map(|x| x.to_le_bytes()).collect();
+            let view =
+                safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![1, 2], &bytes)
+                    .unwrap();
+            let out = safetensors::serialize([("w.lora_A.weight", view)], &None).unwrap();
+            std::fs::write(d.path().join(ADAPTER_WEIGHTS), out).unwrap();
+        };
+        write(1.0);
+        assert_eq!(read_peft_tensors(d.path()).unwrap().len(), 1);
+        for bad in [f32::NAN, f32::INFINITY] {
+            write(bad);
+            let e = read_peft_tensors(d.path()).unwrap_err().to_string();
+            assert!(
+                e.contains("w.lora_A.weight") && e.contains("diverged"),
+                "{e}"
+            );
+        }
+    }
 }

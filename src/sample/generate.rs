@@ -67,6 +67,13 @@ pub fn generate(opts: &GenerateOptions) -> anyhow::Result<Generated> {
         .or(m.generation_config.max_new_tokens)
         .unwrap_or(256);
     params.min_new_tokens = opts.min_new_tokens;
+    anyhow::ensure!(
+        params.min_new_tokens <= params.max_new_tokens,
+        "--min-new-tokens {} is more than --max-new-tokens {}: no completion could end \
+         on a stop token",
+        params.min_new_tokens,
+        params.max_new_tokens
+    );
     params.stop_token_ids = m.stop_token_ids();
     params.stop_strings = opts.stop.clone();
     params.validate()?;

@@ -32,6 +32,11 @@ pub struct Example {
     pub completion_ids: Vec<u32>,
 }
 
+/// The longest demonstration line read: Qwen2.5's longest context, 131,072 tokens, is
+/// about 0.5 MB of text. A longer line was refused only after it was tokenized (a 50 MB
+/// line: 50 s and 5.3 GB).
+pub const MAX_DEMO_LINE_BYTES: usize = 4 << 20;
+
 /// Parse JSONL text (named `origin` in errors): one `{"messages": [{"role",
 /// "content"}, ...], "completion": "..."}` object per line; blank lines are skipped and
 /// other fields ignored. Errors name the file, the 1-based line and the field.
@@ -40,6 +45,14 @@ pub fn parse_jsonl(text: &str, origin: &str) -> Result<Vec<Demo>> {
     for (i, line) in text.lines().enumerate() {
         if line.trim().is_empty() {
             continue;
+        }
+        if line.len() > MAX_DEMO_LINE_BYTES {
+            bail!(
+                "{origin}: line {}: {} bytes, more than any model's context holds (at most \
+                 {MAX_DEMO_LINE_BYTES})",
+                i + 1,
+                line.len()
+            );
         }
         let at = |field: &str, msg: String| anyhow!("{origin}: line {}: {field}: {msg}", i + 1);
         let v: Value = serde_json::from_str(line)
@@ -275,6 +288,17 @@ pub fn tokenize(demos: &[Demo], renderer: &dyn Renderer, where_: &str) -> Result
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_oversized_line_is_refused_before_it_is_parsed() {
+        let ok = r#"{"messages": [{"role": "user", "content": "hi"}], "completion": "x"}"#;
+        let long = ok.replace("\"x\"", &format!("\"{}\"", "y".repeat(MAX_DEMO_LINE_BYTES)));
+        let e = parse_jsonl(&format!("{ok}\n{long}\n"), "d.jsonl")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("d.jsonl: line 2") && e.contains("bytes"), "{e}");
+        assert_eq!(parse_jsonl(ok, "d.jsonl").unwrap().len(), 1);
+    }
 
     fn situations(factory: &dyn EnvFactory, ds: &[envs::Decision]) -> Vec<&'static str> {
         let names = factory.reset(0).as_behaviour().unwrap().situations();
