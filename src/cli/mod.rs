@@ -105,16 +105,30 @@ pub(crate) fn sessions(s: &str) -> Result<usize, String> {
     Ok(n)
 }
 
+/// `text` cut to its first `head` and last `tail` characters, with how much was left out,
+/// when it is longer than both.
+fn shorten(text: &str, head: usize, tail: usize) -> String {
+    let n = text.chars().count();
+    if n <= head + tail + 100 {
+        return text.to_string();
+    }
+    let first: String = text.chars().take(head).collect();
+    let last: String = text.chars().skip(n - tail).collect();
+    format!(
+        "{first} ... ({} characters left out) ... {last}",
+        n - head - tail
+    )
+}
+
 pub fn main() -> i32 {
     let cli = Cli::parse();
     match run(cli) {
         Ok(()) => 0,
         Err(e) => {
-            // An endpoint or env.url may carry credentials; errors quote URLs.
-            crate::note!(
-                "error: {}",
-                crate::sys::redact_url_credentials(&format!("{e:#}"))
-            );
+            // An endpoint or env.url may carry credentials; errors quote URLs, and
+            // values, which may be megabytes long.
+            let text = crate::sys::redact_url_credentials(&format!("{e:#}"));
+            crate::note!("error: {}", shorten(&text, 2000, 500));
             1
         }
     }
@@ -133,5 +147,23 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Plot(args) => plot::run(args),
         Command::Export(args) => export::run(args),
         Command::Serve(args) => serve::run(args),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::shorten;
+
+    #[test]
+    fn long_errors_keep_their_ends() {
+        assert_eq!(shorten("short", 10, 5), "short");
+        let long = format!("key `a.b`: {} end", "x".repeat(10_000));
+        let s = shorten(&long, 20, 3);
+        assert!(s.starts_with("key `a.b`: xxxxxxxxx"), "{s}");
+        assert!(
+            s.ends_with("end") && s.contains("characters left out"),
+            "{s}"
+        );
+        assert!(s.len() < 100, "{s}");
     }
 }

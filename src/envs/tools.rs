@@ -43,7 +43,46 @@ pub fn list() -> String {
 
 /// `concord envs describe NAME`.
 pub fn describe(name: &str, options: &Options) -> anyhow::Result<String> {
-    Ok(create(name, options)?.describe())
+    Ok(wrap(&create(name, options)?.describe(), DESCRIBE_WIDTH))
+}
+
+/// Columns of `concord envs describe` (some descriptions are written as long lines).
+const DESCRIBE_WIDTH: usize = 100;
+
+/// `text` with every line longer than `width` broken at spaces; a continuation keeps the
+/// line's indentation (and a bullet's). Table rows (`|`) are left whole.
+fn wrap(text: &str, width: usize) -> String {
+    let mut out = String::with_capacity(text.len() + text.len() / width);
+    for line in text.lines() {
+        if line.chars().count() <= width || line.trim_start().starts_with('|') {
+            out.push_str(line);
+            out.push('\n');
+            continue;
+        }
+        let body = line.trim_start();
+        let mut indent = " ".repeat(line.len() - body.len());
+        let mut current = indent.clone();
+        if body.starts_with("- ") {
+            indent.push_str("  ");
+        }
+        for word in body.split(' ') {
+            let fresh = current.trim().is_empty();
+            if !fresh && current.chars().count() + 1 + word.chars().count() > width {
+                out.push_str(current.trim_end());
+                out.push('\n');
+                current = indent.clone();
+            } else if !fresh {
+                current.push(' ');
+            }
+            current.push_str(word);
+        }
+        out.push_str(current.trim_end());
+        out.push('\n');
+    }
+    if !text.ends_with('\n') {
+        out.pop();
+    }
+    out
 }
 
 /// What `concord envs play` does besides building the environment.
@@ -423,4 +462,48 @@ fn play_episode_printed(
         crate::say!("{}", serde_json::to_string_pretty(&env.transcript())?);
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn long_lines_wrap_at_spaces_keeping_indentation() {
+        let t = format!(
+            "  - {}\n| {} |\nshort",
+            "word ".repeat(40).trim_end(),
+            "x ".repeat(80)
+        );
+        let w = wrap(&t, 30);
+        let lines: Vec<&str> = w.lines().collect();
+        assert!(
+            lines[0].starts_with("  - word") && lines[1].starts_with("    word"),
+            "{w}"
+        );
+        let prose = lines.iter().filter(|l| !l.starts_with('|'));
+        assert!(prose.clone().all(|l| l.len() <= 30), "{w}");
+        assert!(
+            lines.iter().any(|l| l.starts_with('|') && l.len() > 30),
+            "{w}"
+        );
+        assert_eq!(*lines.last().unwrap(), "short");
+        assert_eq!(w.split_whitespace().count(), t.split_whitespace().count());
+    }
+
+    #[test]
+    fn every_description_fits_its_width() {
+        for name in crate::envs::names() {
+            // Registered but not buildable here (no factory) has nothing to describe.
+            let Ok(d) = describe(name, &Options::new()) else {
+                continue;
+            };
+            let long: Vec<&str> = d
+                .lines()
+                .filter(|l| l.chars().count() > DESCRIBE_WIDTH && !l.trim_start().starts_with('|'))
+                .filter(|l| l.trim().contains(' '))
+                .collect();
+            assert!(long.is_empty(), "{name}: {long:?}");
+        }
+    }
 }
