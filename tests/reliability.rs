@@ -128,6 +128,18 @@ fn spawn_long_run(cfg: &Path, extra: &[&str]) -> Child {
         .unwrap()
 }
 
+/// SIGTERM `child` once the run in `run_dir` has logged `rows` steps; its exit code and
+/// stderr.
+fn sigterm_after_rows(mut child: Child, run_dir: &Path, rows: usize) -> (Option<i32>, String) {
+    wait_for_rows(&mut child, run_dir, rows);
+    let st = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(st.success());
+    stderr_of(child)
+}
+
 fn stderr_of(child: Child) -> (Option<i32>, String) {
     let out = child.wait_with_output().unwrap();
     (
@@ -287,7 +299,7 @@ fn sigterm_writes_a_checkpoint_and_the_run_resumes_from_any_directory() {
     let text = config_text("runs", "models/tiny", 5, 0)
         .replace("[model]\n", "[model]\ninit_tiny = true\n");
     std::fs::write(base.join("c.toml"), text).unwrap();
-    let mut child = concord()
+    let child = concord()
         .args(["train", "--config", "c.toml", "--set", "run.steps=100000"])
         .current_dir(&base)
         .stdout(Stdio::null())
@@ -295,13 +307,7 @@ fn sigterm_writes_a_checkpoint_and_the_run_resumes_from_any_directory() {
         .spawn()
         .unwrap();
     let run_dir = base.join("runs/r");
-    wait_for_rows(&mut child, &run_dir, 2);
-    let st = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(st.success());
-    let (rc, err) = stderr_of(child);
+    let (rc, err) = sigterm_after_rows(child, &run_dir, 2);
     // Not killed by the signal (rc 143 / None): the step finished, a checkpoint was
     // written and the exit is a plain failure with the resume hint.
     assert_eq!(rc, Some(1), "{err}");
@@ -919,7 +925,7 @@ fn sigterm_in_the_warm_start_checkpoints_and_resume_continues_it() {
     for s in sets("100000") {
         cmd.args(["--set", &s]);
     }
-    let mut child = cmd
+    let child = cmd
         .current_dir(env!("CARGO_MANIFEST_DIR"))
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -927,13 +933,7 @@ fn sigterm_in_the_warm_start_checkpoints_and_resume_continues_it() {
         .unwrap();
     let run_dir = d.path().join("quickstart");
     let sft = run_dir.join("sft");
-    wait_for_rows(&mut child, &sft, 2);
-    let st = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(st.success());
-    let (rc, err) = stderr_of(child);
+    let (rc, err) = sigterm_after_rows(child, &sft, 2);
     assert_eq!(rc, Some(1), "{err}");
     let hint = format!("resume with `concord train --resume {}`", run_dir.display());
     assert!(err.contains(&hint), "{err}");
