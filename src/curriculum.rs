@@ -16,9 +16,10 @@
 //! reaches `mean_reward` (at most `max_steps`); the last stage may be open-ended and
 //! then runs until `run.steps`. Each prompt of a step comes from one environment of the
 //! stage's mixture, drawn with the `envs` weights. `[stage.grpo]` / `[stage.optim]`
-//! override top-level keys for that stage only. A config without stages is one
-//! open-ended stage named `main` on `[env]` (in `[env] mode = "episode"` too, which
-//! stages do not take yet).
+//! override top-level keys for that stage only. `mode = "episode"` makes a stage train
+//! whole trajectories of its (single) environment, `mode = "decision"` single decisions
+//! (default: `[env] mode`); successive stages may differ. A config without stages is
+//! one open-ended stage named `main` on `[env]`.
 use crate::config::stage::{check, length_of, resolve_config, stage_envs, StageLength};
 use crate::config::Config;
 use crate::task::{episode::EpisodeTask, EnvTask, MixtureTask, Task};
@@ -60,15 +61,25 @@ pub fn build(cfg: &Config) -> Result<Vec<Stage>> {
         .iter()
         .enumerate()
         .map(|(i, s)| {
-            let envs = stage_envs(cfg, s)?
-                .into_iter()
-                .map(|(name, w, opts)| Ok((EnvTask::new(&name, &opts)?, w)))
-                .collect::<Result<Vec<_>>>()?;
+            let resolved = resolve_config(cfg, s)?;
+            let envs = stage_envs(cfg, s)?;
+            let task: Box<dyn Task> = match resolved.env.as_ref().filter(|e| e.is_episode()) {
+                // `check` allows one environment in an episode stage.
+                Some(env) => Box::new(
+                    EpisodeTask::new(&envs[0].0, &envs[0].2, env.shaped_rewards)?
+                        .with_max_turn_tokens(env.max_turn_tokens),
+                ),
+                None => Box::new(MixtureTask::new(
+                    envs.into_iter()
+                        .map(|(name, w, opts)| Ok((EnvTask::new(&name, &opts)?, w)))
+                        .collect::<Result<Vec<_>>>()?,
+                )),
+            };
             Ok(Stage {
                 name: s.name.clone(),
                 length: length_of(s, i + 1 == n)?,
-                cfg: resolve_config(cfg, s)?,
-                task: Box::new(MixtureTask::new(envs)),
+                cfg: resolved,
+                task,
             })
         })
         .collect()

@@ -13,7 +13,9 @@ use crate::envs::{
 };
 use crate::model::qwen2::Qwen2;
 use crate::rng::mix_seeds as mix;
+use crate::sample::ChooseOn;
 use crate::sample::{self, GroupRequest, PromptKv, SamplingParams};
+use crate::task::episode::{play_episodes, EpisodeStart, EpisodeTask};
 use crate::task::{load_model, Renderer};
 use anyhow::{bail, Context, Result};
 use std::collections::{BTreeMap, HashMap};
@@ -52,6 +54,9 @@ pub struct EvalOptions {
     /// played again but reported beside the ones played now (e.g. `--base` once, then
     /// every adapter against it).
     pub against: Option<PathBuf>,
+    /// Also write every episode's transcript (the model's raw texts included) beside
+    /// the report.
+    pub transcripts: bool,
 }
 
 /// The environments evaluated: those of the last stage (or `[env]`), with its options.
@@ -78,6 +83,143 @@ pub fn eval_envs(cfg: &Config) -> Result<Vec<(String, Box<dyn EnvFactory>)>> {
         .collect()
 }
 
+/// One evaluated environment, played with the driver its run trains with: a
+/// decision-mode run's model answers a freshly rendered observation each turn
+/// ([`play`]); an episode-mode run's model plays each held-out episode as one growing
+/// conversation, environment turns appended, exactly as in training
+/// ([`crate::task::episode::play_episodes`], [`play_trajectories`]).
+pub enum Target {
+    Decisions(Box<dyn EnvFactory>),
+    Episodes(EpisodeTask),
+}
+
+impl Target {
+    /// Play `episodes` held-out episodes from held-out index `first_seed`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn play(
+        &self,
+        model: &Qwen2,
+        renderer: &dyn Renderer,
+        episodes: usize,
+        first_seed: u64,
+        params: &SamplingParams,
+        batch: usize,
+    ) -> Result<Outcomes> {
+        match self {
+            Target::Decisions(f) => play(
+                model,
+                renderer,
+                f.as_ref(),
+                episodes,
+                first_seed,
+                params,
+                batch,
+            ),
+            Target::Episodes(t) => {
+                play_trajectories(model, renderer, t, episodes, first_seed, params, batch)
+            }
+        }
+    }
+}
+
+/// [`eval_envs`], each with the driver of the last stage's mode (or `[env] mode`).
+pub fn eval_targets(cfg: &Config) -> Result<Vec<(String, Target)>> {
+    let env = match cfg.stages.last() {
+        Some(s) => crate::config::stage::resolve_config(cfg, s)?.env,
+        None => cfg.env.clone(),
+    };
+    let episode = env.filter(|e| e.is_episode());
+    Ok(eval_envs(cfg)?
+        .into_iter()
+        .map(|(name, f)| {
+            let target = match &episode {
+                Some(e) => Target::Episodes(
+                    EpisodeTask::from_factory(f, e.shaped_rewards)
+                        .with_max_turn_tokens(e.max_turn_tokens),
+                ),
+                None => Target::Decisions(f),
+            };
+            (name, target)
+        })
+        .collect())
+}
+
+/// Held-out episodes played as an episode-mode run trains: each policy seat's
+/// trajectory one conversation within the `max_completion_length` budget, one sample
+/// per episode, `batch` episodes at a time. Episode `i`'s seats sample from streams
+/// numbered by their position in the whole set, so the batch size changes nothing.
+pub fn play_trajectories(
+    model: &Qwen2,
+    renderer: &dyn Renderer,
+    task: &EpisodeTask,
+    episodes: usize,
+    first_seed: u64,
+    params: &SamplingParams,
+    batch: usize,
+) -> Result<Outcomes> {
+    let end = first_seed
+        .checked_add(episodes as u64)
+        .filter(|&e| e <= envs::HELD_OUT_BIT)
+        .context("--first-seed + --episodes runs past the held-out seeds (2^63)")?;
+    let seeds: Vec<u64> = (first_seed..end).collect();
+    let mut out = Outcomes {
+        episodes,
+        ..Outcomes::default()
+    };
+    let (mut stream, mut truncated, mut turns) = (0usize, 0usize, 0usize);
+    let start = std::time::Instant::now();
+    for chunk in seeds.chunks(batch.max(1)) {
+        let mut prompts = Vec::new();
+        let mut first_of = Vec::new();
+        for &i in chunk {
+            first_of.push((i, prompts.len()));
+            prompts.extend(task.starts(envs::eval_seed(i), renderer)?);
+        }
+        let (played, _) = play_episodes(
+            model,
+            renderer,
+            task,
+            &prompts,
+            1,
+            params,
+            stream,
+            ChooseOn::Auto,
+        )?;
+        for (k, &(i, p0)) in first_of.iter().enumerate() {
+            let p1 = first_of.get(k + 1).map_or(prompts.len(), |x| x.1);
+            let mut seats = Vec::new();
+            for (p, pl) in played[p0..p1].iter().enumerate() {
+                let pl = &pl[0];
+                truncated += pl.trajectory.truncated as usize;
+                turns += pl.trajectory.model_turns;
+                out.rewards.push(pl.reward.scalar);
+                out.wins.push(pl.won);
+                out.components.push(pl.reward.components.clone());
+                seats.push(serde_json::json!({
+                    "seat": prompts[p0 + p].state.downcast_ref::<EpisodeStart>().map(|s| s.seat),
+                    "reward": pl.reward.scalar,
+                    "components": pl.reward.components,
+                    "texts": pl.texts,
+                    "truncated": pl.trajectory.truncated,
+                }));
+            }
+            out.transcripts
+                .push(serde_json::json!({"episode": i, "seats": seats}));
+        }
+        stream += prompts.len();
+        crate::note!(
+            "  {} of {episodes} episodes played, {:.0} s",
+            out.transcripts.len(),
+            start.elapsed().as_secs_f64()
+        );
+    }
+    crate::note!(
+        "  episode driver: {turns} model turns, {truncated} of {} trajectories truncated",
+        out.rewards.len()
+    );
+    Ok(out)
+}
+
 /// Per-seat outcomes of a finished evaluation, before summarising.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Outcomes {
@@ -90,6 +232,9 @@ pub struct Outcomes {
     pub decisions: Vec<DecisionRecord>,
     /// Their summary.
     pub behaviour: Option<BehaviourSummary>,
+    /// Each episode's transcript (`Environment::transcript`) and its policy seats'
+    /// rewards, in episode order.
+    pub transcripts: Vec<serde_json::Value>,
 }
 
 /// Mean, and a 95% normal-approximation interval of the mean (`mean ± 1.96 s/√n`,
@@ -306,13 +451,22 @@ pub fn play_policy(
         episodes,
         ..Outcomes::default()
     };
-    for e in &eps {
+    for (i, e) in eps.iter().enumerate() {
+        let mut seats = Vec::new();
         for s in e.policy_seats() {
             let r = e.reward(s);
+            seats.push(
+                serde_json::json!({"seat": s, "reward": r.scalar, "components": r.components}),
+            );
             out.rewards.push(r.scalar);
             out.wins.push(e.won(s));
             out.components.push(r.components);
         }
+        out.transcripts.push(serde_json::json!({
+            "episode": first_seed + i as u64,
+            "seats": seats,
+            "transcript": e.transcript(),
+        }));
     }
     let fresh = factory.reset(envs::eval_seed(first_seed));
     if let Some(b) = fresh.as_behaviour() {
@@ -404,7 +558,10 @@ pub fn run_eval(args: EvalOptions) -> Result<()> {
             None => default_adapter(&cfg)?,
         })
     };
-    let envs = eval_envs(&cfg)?;
+    if args.transcripts && args.base && args.out.is_none() {
+        bail!("--transcripts are written beside the report: give --out FILE with --base");
+    }
+    let envs = eval_targets(&cfg)?;
     let (mut model, renderer, _) = load_model(&cfg)?;
     let params = sampling(&cfg, args.greedy, renderer.stop_ids())?;
     // A run that started from an adapter (`model.adapter`, or an `[sft] warm_start`)
@@ -474,6 +631,7 @@ pub fn run_eval(args: EvalOptions) -> Result<()> {
         }
     }
     let mut decisions: Vec<serde_json::Value> = Vec::new();
+    let mut transcripts: Vec<serde_json::Value> = Vec::new();
     for (label, dir) in labels {
         match dir {
             Some(d) => model
@@ -482,14 +640,13 @@ pub fn run_eval(args: EvalOptions) -> Result<()> {
             None => model.set_adapter_enabled(false),
         }
         let mut per_env = BTreeMap::new();
-        for (name, factory) in &envs {
+        for (name, target) in &envs {
             if !args.json {
                 crate::note!("{label}: {name}, {} episodes", args.episodes);
             }
-            let o = play(
+            let o = target.play(
                 &model,
                 renderer.as_ref(),
-                factory.as_ref(),
                 args.episodes,
                 args.first_seed,
                 &params,
@@ -498,6 +655,12 @@ pub fn run_eval(args: EvalOptions) -> Result<()> {
             per_env.insert(name.clone(), o.summarise());
             for d in &o.decisions {
                 decisions.push(serde_json::json!({"model": label, "env": name, "decision": d}));
+            }
+            if args.transcripts {
+                for t in &o.transcripts {
+                    transcripts
+                        .push(serde_json::json!({"model": label, "env": name, "episode": t}));
+                }
             }
         }
         report.models.insert(
@@ -517,6 +680,9 @@ pub fn run_eval(args: EvalOptions) -> Result<()> {
         if !decisions.is_empty() {
             write_decisions(&decisions_path(p), &decisions)?;
         }
+        if args.transcripts {
+            write_decisions(&sibling_path(p, "transcripts"), &transcripts)?;
+        }
     }
     if args.json {
         crate::say!("{}", serde_json::to_string_pretty(&report)?);
@@ -534,10 +700,15 @@ pub fn run_eval(args: EvalOptions) -> Result<()> {
 /// it (`eval.json` -> `eval_decisions.jsonl`), one JSON object a line (`model`, `env`,
 /// `decision`).
 pub fn decisions_path(out: &Path) -> PathBuf {
+    sibling_path(out, "decisions")
+}
+
+/// `eval.json` -> `eval_{what}.jsonl`, beside it.
+fn sibling_path(out: &Path, what: &str) -> PathBuf {
     let stem = out
         .file_stem()
         .map_or("eval".into(), |s| s.to_string_lossy());
-    out.with_file_name(format!("{stem}_decisions.jsonl"))
+    out.with_file_name(format!("{stem}_{what}.jsonl"))
 }
 
 fn write_decisions(path: &Path, rows: &[serde_json::Value]) -> Result<()> {

@@ -82,6 +82,8 @@ pub struct Played {
     pub step_rewards: f64,
     /// The seat's own text of every model turn that was played.
     pub texts: Vec<String>,
+    /// Whether the seat won the episode (`Environment::won`).
+    pub won: bool,
 }
 
 /// A registry environment: each prompt is one policy seat's decision.

@@ -649,3 +649,170 @@ fn shaped_rewards_sum_the_step_rewards() {
         assert_eq!(pl.reward.components["step_rewards"], pl.step_rewards);
     }
 }
+
+/// A curriculum whose first stage trains whole TICKETMELT episodes and whose second
+/// trains single decisions (the `[env]` default), through `concord train`; then the same
+/// run stopped after step 1 and resumed: the same rows, the same switch.
+#[test]
+fn an_episode_curriculum_switches_mode_and_resumes_identically() {
+    let dir = tempfile::tempdir().unwrap();
+    let toml = r#"
+[run]
+name = "cur"
+steps = 3
+save_every = 1
+[model]
+init_tiny = true
+[lora]
+r = 4
+alpha = 8
+targets = ["q_proj", "v_proj"]
+[grpo]
+num_generations = 2
+prompts_per_step = 1
+max_completion_length = 600
+[optim]
+learning_rate = 1e-3
+schedule = "constant"
+[env]
+name = "ticketmelt"
+max_turn_tokens = 16
+[env.options]
+peers = "dumb"
+[[stage]]
+name = "episodes"
+mode = "episode"
+steps = 2
+[[stage]]
+name = "decisions"
+[stage.grpo]
+max_completion_length = 8
+"#;
+    let cfg_path = dir.path().join("cur.toml");
+    std::fs::write(&cfg_path, toml).unwrap();
+    let train = |name: &str, steps: usize, resume: bool| {
+        let run = dir.path().join(name);
+        concord::grpo::trainer::run_train(concord::grpo::trainer::TrainOptions {
+            config: Some(cfg_path.clone()),
+            sets: vec![
+                format!("run.output_dir={}", dir.path().display()),
+                format!("run.name={name}"),
+                format!("run.steps={steps}"),
+                format!("model.name={}", dir.path().join("tiny").display()),
+            ],
+            resume: resume.then_some(run.clone()),
+            overwrite: false,
+        })
+        .unwrap();
+        std::fs::read_to_string(run.join("training_log.csv")).unwrap()
+    };
+    let full = train("full", 3, false);
+    let rows: Vec<Vec<&str>> = full.lines().map(|l| l.split(',').collect()).collect();
+    let col = |name: &str| rows[0].iter().position(|h| *h == name).unwrap();
+    let stages: Vec<&str> = rows[1..].iter().map(|r| r[col("stage")]).collect();
+    assert_eq!(stages, ["episodes", "episodes", "decisions"]);
+    // Episode steps play several turns with environment tokens between them; the
+    // decision step plays one turn.
+    let turns = column(&full, "episode/mean_turns");
+    assert!(turns[..2].iter().all(|&t| t >= 2.0), "{turns:?}");
+    assert!(column(&full, "episode/env_tokens")[..2]
+        .iter()
+        .all(|&t| t > 0.0));
+    assert!(column(&full, "completions/max_length")[2] <= 8.0);
+
+    train("part", 1, false);
+    let resumed = train("part", 3, true);
+    let other: Vec<Vec<&str>> = resumed.lines().map(|l| l.split(',').collect()).collect();
+    assert_eq!(rows.len(), other.len(), "{resumed}");
+    assert_eq!(rows[0], other[0]);
+    for (a, b) in rows[1..].iter().zip(&other[1..]) {
+        for (i, name) in rows[0].iter().enumerate() {
+            if !concord::run::log::TIMING_COLUMNS.contains(name) {
+                assert_eq!(a[i], b[i], "column {name} differs at step {}", a[0]);
+            }
+        }
+    }
+}
+
+#[test]
+fn episode_stages_are_checked() {
+    let base = "[run]\nsteps = 3\n[model]\nname = \"tiny\"\n[env]\nname = \"ticketmelt\"\n";
+    let stage =
+        |s: &str| format!("{base}[[stage]]\nname = \"a\"\nsteps = 1\n{s}[[stage]]\nname = \"b\"\n");
+    let c = Config::from_toml_str(&stage("mode = \"episode\"\n"), "t.toml", &[]).unwrap();
+    assert_eq!(c.stages[0].mode, Some(EnvMode::Episode));
+    assert_eq!(c.stages[1].mode, None);
+    for (bad, needle) in [
+        (
+            stage("mode = \"episode\"\nenvs = { ticketmelt = 1.0, merge_ring = 1.0 }\n"),
+            "one environment",
+        ),
+        (
+            stage("mode = \"episode\"\n[stage.grpo]\ndynamic_sampling = true\n"),
+            "dynamic_sampling",
+        ),
+        (stage("mode = \"turns\"\n"), "turns"),
+    ] {
+        let e = format!(
+            "{:#}",
+            Config::from_toml_str(&bad, "t.toml", &[]).unwrap_err()
+        );
+        assert!(e.contains(needle), "{needle:?} not in {e}");
+    }
+    // [env]'s episode keys are allowed when a stage plays episodes, and a decision
+    // stage of the same run does not see them.
+    let ok = format!("{base}max_turn_tokens = 16\n[[stage]]\nname = \"a\"\nsteps = 1\nmode = \"episode\"\n[[stage]]\nname = \"b\"\n");
+    let c = Config::from_toml_str(&ok, "t.toml", &[]).unwrap();
+    let stages = concord::curriculum::build(&c).unwrap();
+    assert!(stages[0].task.as_episodes().is_some());
+    assert!(stages[1].task.as_episodes().is_none());
+    assert_eq!(stages[1].cfg.env.as_ref().unwrap().max_turn_tokens, 0);
+}
+
+/// `concord eval` of an episode-mode config plays held-out episodes on the training
+/// driver (`play_episodes`): the same rewards as playing the held-out starts directly,
+/// whatever the batch; a decision-mode config (or a last stage in decision mode) keeps
+/// the decision driver.
+#[test]
+fn episode_configs_are_evaluated_on_the_training_driver() {
+    use concord::eval::{eval_targets, Target};
+    let dir = tempfile::tempdir().unwrap();
+    let (model, tok) = tiny(dir.path());
+    let base = "[run]\nsteps = 3\n[model]\nname = \"tiny\"\n[env]\nname = \"ticketmelt\"\n";
+    let episode = format!("{base}mode = \"episode\"\nmax_turn_tokens = 8\n");
+    let cfg = |s: &str| Config::from_toml_str(s, "t.toml", &[]).unwrap();
+    let targets = eval_targets(&cfg(&episode)).unwrap();
+    let Target::Episodes(t) = &targets[0].1 else {
+        panic!("an episode config is evaluated on the episode driver")
+    };
+    assert!(matches!(
+        eval_targets(&cfg(base)).unwrap()[0].1,
+        Target::Decisions(_)
+    ));
+    let staged = |last: &str| {
+        format!("{base}[[stage]]\nname = \"a\"\nsteps = 1\n[[stage]]\nname = \"b\"\nmode = \"{last}\"\n")
+    };
+    assert!(matches!(
+        eval_targets(&cfg(&staged("episode"))).unwrap()[0].1,
+        Target::Episodes(_)
+    ));
+    assert!(matches!(
+        eval_targets(&cfg(&staged("decision"))).unwrap()[0].1,
+        Target::Decisions(_)
+    ));
+
+    let p = params(&tok, 600, 3);
+    let all = targets[0].1.play(&model, &tok, 3, 0, &p, 3).unwrap();
+    let one_by_one = targets[0].1.play(&model, &tok, 3, 0, &p, 1).unwrap();
+    assert_eq!(all.rewards.len(), 3);
+    assert_eq!(all.rewards, one_by_one.rewards);
+    assert_eq!(all.transcripts, one_by_one.transcripts);
+    for tr in &all.transcripts {
+        let texts = tr["seats"][0]["texts"].as_array().unwrap();
+        assert!(texts.len() >= 2, "{tr}");
+    }
+    let first = t.starts(envs::eval_seed(0), &tok).unwrap();
+    let (played, _) = play_episodes(&model, &tok, t, &first, 1, &p, 0, ChooseOn::Auto).unwrap();
+    assert_eq!(played[0][0].reward.scalar, all.rewards[0]);
+    assert_eq!(played[0][0].won, all.wins[0]);
+}

@@ -44,6 +44,10 @@ pub struct EvalArgs {
     /// played again.
     #[arg(long)]
     pub against: Option<PathBuf>,
+    /// Also write every episode's transcript (the model's raw answers, the parsed
+    /// actions, each policy seat's reward) to EVAL_transcripts.jsonl beside eval.json.
+    #[arg(long)]
+    pub transcripts: bool,
 }
 
 pub fn run(a: EvalArgs) -> anyhow::Result<()> {
@@ -60,5 +64,6 @@ pub fn run(a: EvalArgs) -> anyhow::Result<()> {
         out: a.out,
         batch: a.batch,
         against: a.against,
+        transcripts: a.transcripts,
     })
 }

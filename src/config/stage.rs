@@ -1,7 +1,7 @@
 //! The curriculum schema: `[[stage]]` tables, their validation, and how a stage's
 //! overrides resolve against the top-level config. The runtime side (building each
 //! stage's task) is [`crate::curriculum`].
-use super::{Config, EnvConfig};
+use super::{Config, EnvConfig, EnvMode};
 use crate::envs::{self, Options};
 use anyhow::{anyhow, bail, Context, Result};
 use serde::{Deserialize, Serialize};
@@ -27,6 +27,11 @@ pub struct StageSpec {
     /// Per-environment options (default: `[env.options]` for the `[env]` environment).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub options: BTreeMap<String, Options>,
+    /// `decision` or `episode` (default: `[env] mode`). An episode stage trains whole
+    /// trajectories of one environment, with `[env]`'s `shaped_rewards` and
+    /// `max_turn_tokens`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<EnvMode>,
     /// Overrides of `[grpo]` keys for this stage.
     #[serde(default, skip_serializing_if = "toml::Table::is_empty")]
     pub grpo: toml::Table,
@@ -120,6 +125,13 @@ pub fn check(cfg: &Config) -> Result<()> {
         let env_list = stage_envs(cfg, s).with_context(ctx)?;
         for (name, _, opts) in &env_list {
             envs::create(name, opts).with_context(ctx)?;
+        }
+        if mode_of(cfg, s) == EnvMode::Episode && env_list.len() != 1 {
+            bail!(
+                "{}: an episode stage trains one environment, not a mixture of {}",
+                ctx(),
+                env_list.len()
+            );
         }
         for key in s.options.keys() {
             if !env_list.iter().any(|(e, _, _)| e == key) {
@@ -220,6 +232,13 @@ fn options_for(cfg: &Config, s: &StageSpec, env: &str) -> Options {
     }
 }
 
+/// The stage's mode: its own, else `[env]`'s.
+pub fn mode_of(cfg: &Config, s: &StageSpec) -> EnvMode {
+    s.mode
+        .or(cfg.env.as_ref().map(|e| e.mode))
+        .unwrap_or_default()
+}
+
 /// The top-level config with the stage's `[stage.grpo]` / `[stage.optim]` overrides.
 pub fn resolve_config(cfg: &Config, s: &StageSpec) -> Result<Config> {
     let mut out = cfg.clone();
@@ -233,16 +252,23 @@ pub fn resolve_config(cfg: &Config, s: &StageSpec) -> Result<Config> {
     out.grpo = merge(&cfg.grpo, &s.grpo, "grpo")?;
     out.optim = merge(&cfg.optim, &s.optim, "optim")?;
     out.stages.clear();
-    if out.env.is_none() {
+    let mode = mode_of(cfg, s);
+    let env = out.env.get_or_insert_with(|| {
         // Validation wants an environment; the stage's mixture is checked separately.
-        out.env = Some(EnvConfig::new(
+        EnvConfig::new(
             s.envs
                 .keys()
                 .next()
                 .cloned()
                 .unwrap_or_else(|| "stage".into()),
             Options::new(),
-        ));
+        )
+    });
+    env.mode = mode;
+    if mode == EnvMode::Decision {
+        // `[env]`'s episode-only keys serve the run's episode stages.
+        env.shaped_rewards = false;
+        env.max_turn_tokens = 0;
     }
     out.revalidate()?;
     Ok(out)

@@ -42,16 +42,23 @@ impl Config {
                 ),
             });
         }
-        if self.env.as_ref().is_some_and(|e| e.is_episode()) {
-            if !self.stages.is_empty() {
+        if let Some(env) = self.env.as_ref().filter(|_| !self.stages.is_empty()) {
+            if env.url.is_some() {
                 return Err(err(
                     "env",
-                    "mode",
-                    "`episode` does not combine with [[stage]] curricula yet: \
-                     use one [env] without stages, or mode = \"decision\""
+                    "url",
+                    "[[stage]] curricula train built-in environments; an OpenEnv server \
+                     trains as one [env] without stages"
                         .into(),
                 ));
             }
+        }
+        // A stage in episode mode checks these against its own resolved config.
+        let any_episode_stage = self
+            .stages
+            .iter()
+            .any(|s| s.mode == Some(super::EnvMode::Episode));
+        if self.env.as_ref().is_some_and(|e| e.is_episode()) {
             if self.grpo.dynamic_sampling {
                 return Err(err(
                     "env",
@@ -59,7 +66,7 @@ impl Config {
                     "`episode` does not combine with grpo.dynamic_sampling yet".into(),
                 ));
             }
-        } else if let Some(env) = &self.env {
+        } else if let Some(env) = self.env.as_ref().filter(|_| !any_episode_stage) {
             for (key, set) in [
                 ("shaped_rewards", env.shaped_rewards),
                 ("max_turn_tokens", env.max_turn_tokens > 0),

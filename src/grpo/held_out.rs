@@ -29,21 +29,21 @@ impl Trainer {
     fn evaluate(&self, step: usize) -> Result<()> {
         let episodes = self.cfg.run.eval_episodes;
         let params = crate::eval::sampling(&self.cfg, false, self.renderer.stop_ids())?;
-        for (name, factory) in crate::eval::eval_envs(&self.cfg)? {
+        for (name, target) in crate::eval::eval_targets(&self.cfg)? {
             let t = Instant::now();
             if !self.quiet {
                 crate::note!("held-out evaluation at step {step}: {name}, {episodes} episodes");
             }
-            let e = crate::eval::play(
-                &self.model,
-                self.renderer.as_ref(),
-                factory.as_ref(),
-                episodes,
-                0,
-                &params,
-                EVAL_BATCH,
-            )?
-            .summarise();
+            let e = target
+                .play(
+                    &self.model,
+                    self.renderer.as_ref(),
+                    episodes,
+                    0,
+                    &params,
+                    EVAL_BATCH,
+                )?
+                .summarise();
             let secs = t.elapsed().as_secs_f64();
             log::append_eval_row(&self.run_dir, step, &name, &e, secs)?;
             if !self.quiet {

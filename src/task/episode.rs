@@ -277,6 +277,7 @@ pub fn play_episodes(
             reward,
             step_rewards,
             texts: std::mem::take(&mut src.texts[row]),
+            won: src.envs[ep].won(seat),
         });
     }
     let out = out

@@ -96,6 +96,7 @@
 //! [`rubric`] scoring; [`parse`] parser; [`render`] prompts, transcript, describe;
 //! [`policies`] baseline policies (heuristic editor), baselines and bench.
 
+pub mod compact;
 pub mod parse;
 pub mod policies;
 pub mod render;
@@ -230,6 +231,8 @@ pub struct Rules {
     pub continuation: Policy,
     /// Most received messages shown in a prompt (the newest).
     pub history: u8,
+    /// Option `prompt`: the full prompt (default) or the compact one.
+    pub compact: bool,
 }
 
 impl Default for Rules {
@@ -242,12 +245,13 @@ impl Default for Rules {
             win_threshold: 0.7,
             continuation: Policy::Heuristic,
             history: 24,
+            compact: false,
         }
     }
 }
 
 /// Every option key whispers accepts.
-pub const OPTION_KEYS: [&str; 7] = [
+pub const OPTION_KEYS: [&str; 8] = [
     "task",
     "seat",
     "shaping",
@@ -255,6 +259,7 @@ pub const OPTION_KEYS: [&str; 7] = [
     "win_threshold",
     "continuation",
     "history",
+    "prompt",
 ];
 
 impl Rules {
@@ -321,6 +326,15 @@ witness, relay, adversary, editor or a seat number 0..5, got `{other}`"
                         )
                     })?;
                     r.continuation = Policy::from_name(s)?;
+                }
+                "prompt" => {
+                    r.compact = match v.as_str() {
+                        Some("full") => false,
+                        Some("compact") => true,
+                        _ => anyhow::bail!(
+                            "whispers option `prompt` must be \"full\" or \"compact\", got {v}"
+                        ),
+                    }
                 }
                 "history" => match v.as_integer() {
                     Some(i) if (1..=200).contains(&i) => r.history = i as u8,
@@ -413,9 +427,14 @@ impl Environment for Whispers {
     fn observation(&self, seat: usize) -> Vec<Message> {
         let seat = seat.min(self.seats() - 1);
         let mut sys = String::with_capacity(2048);
-        self.system_prompt(&mut sys);
         let mut user = String::with_capacity(2048);
-        self.render_user(seat, &mut user);
+        if self.rules.compact {
+            self.system_prompt_compact(&mut sys);
+            self.render_user_compact(seat, &mut user);
+        } else {
+            self.system_prompt(&mut sys);
+            self.render_user(seat, &mut user);
+        }
         vec![Message::system(sys), Message::user(user)]
     }
     fn step(&mut self, actions: &[String]) -> anyhow::Result<StepOutcome> {

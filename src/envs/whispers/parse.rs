@@ -2,7 +2,8 @@
 //!
 //! An answer is one JSON object `{"tool": NAME, ...parameters}` (the whole text, or the
 //! first `{...}` in it that parses and names a tool; parameters may also sit in an
-//! `"arguments"`/`"args"`/`"parameters"` object). Tool names and field names are matched
+//! `"arguments"`/`"args"`/`"parameters"` object; an object with a `final_report` object
+//! and no tool is a `publish`). Tool names and field names are matched
 //! case-insensitively. Anything else is invalid, and the seat plays `wait`.
 //!
 //! Parameters:
@@ -86,6 +87,9 @@ fn with_tool(mut o: Map<String, Value>) -> Option<Map<String, Value>> {
     if !o.contains_key("tool") {
         if let Some(v) = o.remove("name").or_else(|| o.remove("action")) {
             o.insert("tool".into(), v);
+        } else if o.get("final_report").is_some_and(Value::is_object) {
+            // A bare report is what only `publish` takes.
+            o.insert("tool".into(), "publish".into());
         }
     }
     o.get("tool").is_some_and(Value::is_string).then_some(o)
@@ -501,6 +505,21 @@ mod tests {
         assert_eq!(parse_claim("location=Reactor 74", t), EMPTY);
         let t = &TEMPLATES[1];
         assert_eq!(parse_claim("movement=up 5%; ticker=NOVA", t)[..2], [3, 2]);
+    }
+
+    #[test]
+    fn a_bare_report_is_a_publish() {
+        let t = &TEMPLATES[0];
+        let text = r#"{"final_report": {"location": {"value": "Reactor 7", "confidence": 0.8}}}"#;
+        match parse_action(text, t) {
+            Ok(Action::Publish(r)) => {
+                assert_eq!(r.values[0], 0);
+                assert_eq!(r.conf[0], 0.8);
+            }
+            other => panic!("{other:?}"),
+        }
+        // Without a report object it names no tool.
+        assert!(parse_action(r#"{"final_report": "Reactor 7"}"#, t).is_err());
     }
 
     #[test]

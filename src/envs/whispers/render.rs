@@ -74,7 +74,7 @@ count.",
     }
 
     /// One message as `seat` reads it.
-    fn render_msg(&self, seat: usize, m: &Msg, out: &mut String) {
+    pub(super) fn render_msg(&self, seat: usize, m: &Msg, out: &mut String) {
         out.push_str("[step ");
         push_num(out, m.turn as i64);
         out.push_str("] ");
@@ -511,8 +511,9 @@ unused fact-check budget) plus the final value on the last step.\n\n",
     let _ = writeln!(
         s,
         "Options: {} (current: task={}, seat={}, shaping={}, weights={}, win_threshold={}, \
-continuation={}, history={}).\n  task: t1..t6, \"all\" or a list (a pool: the task is drawn \
-per seed); seat: protagonist | witness | relay | adversary | editor | self_play | seat number.",
+continuation={}, history={}, prompt={}).\n  task: t1..t6, \"all\" or a list (a pool: the task is drawn \
+per seed); seat: protagonist | witness | relay | adversary | editor | self_play | seat number; \
+prompt: full | compact (the same facts in about half the tokens, one example answer).",
         OPTION_KEYS.join(", "),
         rules.tasks.name(),
         rules.seat.name(),
@@ -524,7 +525,8 @@ per seed); seat: protagonist | witness | relay | adversary | editor | self_play 
         },
         rules.win_threshold,
         rules.continuation.name(),
-        rules.history
+        rules.history,
+        if rules.compact { "compact" } else { "full" }
     );
     let _ = writeln!(
         s,

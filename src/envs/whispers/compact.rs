@@ -1,0 +1,223 @@
+//! The compact prompt (option `prompt = "compact"`): the same facts as the full prompt
+//! (task, step, role, neighbours, budget, fields and values, noise, private view,
+//! received messages, record, legal tools) in fewer tokens. The tools are listed in
+//! words, with no JSON placeholders (a small model copies `"target_id": N` literally),
+//! and one concrete, well-formed answer of the seat's main tool is shown (for an editor:
+//! a whole report with this event's fields), because a small model copies the shape of
+//! what it is shown.
+
+use super::parse::claim_text;
+use super::rules::{claim_nonempty, mask_seats, Kind, Msg, Role, Whispers, FIELDS};
+use std::fmt::Write as _;
+
+impl Whispers {
+    pub(super) fn system_prompt_compact(&self, out: &mut String) {
+        out.push_str(
+            "Whispers: agents rebuild a hidden event from noisy and sometimes false messages. \
+Witnesses see each field wrong with some probability; adversaries pose as witnesses and push a \
+lie that is wrong in every field. Each step every agent makes one tool call; messages arrive next \
+step.\nTools (parameters):\n\
+- wait\n\
+- send_message (target_id, content, confidence): a message to a neighbour\n\
+- broadcast (content, confidence): a message to everyone\n\
+- fact_check (content): the oracle answers TRUE or FALSE next step; uses budget\n\
+- request_verify (target_id, content): a neighbour confirms or denies\n\
+- accuse (target_id): name an adversary\n\
+- publish (final_report): editor only, ends the episode; a value and a confidence per field\n\
+content is field=value pairs separated by \";\"; a confidence is a number from 0 to 1. Answer \
+with one JSON object: \"tool\" and the tool's parameters.\n\
+Score: accuracy and calibration of the report per field, F1 of accusations, finishing early; \
+never pass on a false claim with confidence above 0.5.",
+        );
+    }
+
+    /// The compact user prompt of `seat` (appends to `out`).
+    pub(super) fn render_user_compact(&self, seat: usize, out: &mut String) {
+        let spec = self.spec();
+        let t = self.template();
+        let role = self.role(seat);
+        let nb = self.neighbours(seat);
+        let _ = write!(
+            out,
+            "Task {}: {}\nStep {} of {}. You are agent {seat}, {} {}. Neighbours: ",
+            spec.id,
+            spec.description,
+            self.step + 1,
+            spec.max_steps,
+            if matches!(role, Role::Adversary | Role::Editor) {
+                "an"
+            } else {
+                "a"
+            },
+            role.name()
+        );
+        push_seats(out, nb);
+        let _ = writeln!(out, ". Fact-checks left: {}.", self.budget[seat]);
+        let _ = writeln!(out, "Fields ({}):", t.kind);
+        for f in 0..FIELDS {
+            let _ = writeln!(out, "{}: {}", t.fields[f], t.values[f].join(" | "));
+        }
+        let _ = writeln!(out, "Witness error per field: {:.2}.", spec.noise);
+        if claim_nonempty(&self.view[seat]) {
+            out.push_str(if role == Role::Adversary {
+                "Your lie: "
+            } else {
+                "You saw: "
+            });
+            claim_text(&self.view[seat], t, out);
+            out.push('\n');
+        }
+        let visible: Vec<&Msg> = self.msgs.iter().filter(|m| self.sees(seat, m)).collect();
+        let limit = self.rules.history as usize;
+        out.push_str("Received");
+        if visible.len() > limit {
+            let _ = write!(out, " (newest {limit} of {})", visible.len());
+        }
+        out.push_str(":\n");
+        for m in visible.iter().skip(visible.len().saturating_sub(limit)) {
+            self.render_msg(seat, m, out);
+        }
+        if visible.is_empty() {
+            out.push_str("(nothing yet)\n");
+        }
+        out.push_str("You accused: ");
+        push_seats(out, self.accused[seat]);
+        out.push_str(". You asked to verify: ");
+        push_seats(out, self.asked[seat]);
+        let sent = self
+            .msgs
+            .iter()
+            .filter(|m| m.from as usize == seat && matches!(m.kind, Kind::Dm | Kind::Broadcast))
+            .count();
+        let _ = writeln!(out, ". Messages sent: {sent}.");
+        if let Some(fb) = self.last_feedback.get(seat).filter(|f| !f.is_empty()) {
+            let _ = writeln!(out, "Your last answer was not used: {fb}");
+        }
+        let _ = writeln!(
+            out,
+            "Legal tools: {}. Answer with one JSON object, e.g.",
+            self.legal_tools(seat).join(", ")
+        );
+        self.example_answer(seat, out);
+    }
+
+    /// One well-formed answer of the seat's main tool, with this event's fields and
+    /// values drawn from the episode seed (not from what the seat has heard).
+    fn example_answer(&self, seat: usize, out: &mut String) {
+        let t = self.template();
+        let v = |f: usize| t.values[f][((self.seed >> (2 * f)) % 4) as usize];
+        if self.role(seat) == Role::Editor {
+            out.push_str("{\"tool\": \"publish\", \"final_report\": {");
+            for f in 0..FIELDS {
+                let _ = write!(
+                    out,
+                    "{}\"{}\": {{\"value\": \"{}\", \"confidence\": 0.{}}}",
+                    if f > 0 { ", " } else { "" },
+                    t.fields[f],
+                    v(f),
+                    [6, 7, 8, 9][(f + self.seed as usize) % 4]
+                );
+            }
+            out.push_str("}}\n");
+        } else if let Some(n) = mask_seats(self.neighbours(seat)).next() {
+            let _ = writeln!(
+                out,
+                "{{\"tool\": \"send_message\", \"target_id\": {n}, \"content\": \"{}={}; {}={}\", \"confidence\": 0.7}}",
+                t.fields[0],
+                v(0),
+                t.fields[1],
+                v(1)
+            );
+        } else {
+            out.push_str("{\"tool\": \"wait\"}\n");
+        }
+    }
+}
+
+fn push_seats(out: &mut String, mask: u16) {
+    let mut any = false;
+    for (i, k) in mask_seats(mask).enumerate() {
+        let _ = write!(out, "{}{k}", if i > 0 { ", " } else { "" });
+        any = true;
+    }
+    if !any {
+        out.push_str("none");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{parse_action, Rules};
+    use super::*;
+    use crate::envs::{Environment, Options, Scripted};
+
+    fn rules(task: &str, prompt: &str) -> Rules {
+        let mut o = Options::new();
+        o.insert("task".into(), task.into());
+        o.insert("prompt".into(), prompt.into());
+        Rules::from_options(&o).unwrap()
+    }
+
+    fn text(env: &Whispers, seat: usize) -> String {
+        env.observation(seat)
+            .iter()
+            .map(|m| m.content.as_str())
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    /// Every step of heuristic play on every task: the compact prompt is shorter than the
+    /// full one (at most two thirds of it before any message arrives: the messages are
+    /// the same lines in both), and holds the same messages, fields, budget and legal
+    /// tools.
+    #[test]
+    fn compact_prompt_keeps_the_facts_in_fewer_characters() {
+        for task in ["t1", "t2", "t3", "t4", "t5", "t6"] {
+            for seed in 0..3 {
+                let mut full = Whispers::new(rules(task, "full"), seed);
+                let mut short = Whispers::new(rules(task, "compact"), seed);
+                while !full.done() {
+                    let seat = full.policy_seats()[0];
+                    let (f, c) = (text(&full, seat), text(&short, seat));
+                    let bound = if full.step == 0 { 2.0 / 3.0 } else { 0.9 };
+                    let ratio = c.len() as f64 / f.len() as f64;
+                    assert!(ratio <= bound, "{task}: {} vs {}", c.len(), f.len());
+                    let t = full.template();
+                    let visible: Vec<_> = full.msgs.iter().filter(|m| full.sees(seat, m)).collect();
+                    for m in visible {
+                        let mut line = String::new();
+                        full.render_msg(seat, m, &mut line);
+                        assert!(c.contains(line.trim_end()), "{task}: {line} not in\n{c}");
+                    }
+                    for f in 0..FIELDS {
+                        assert!(c.contains(&t.values[f].join(" | ")), "{c}");
+                    }
+                    assert!(c.contains(&format!("Fact-checks left: {}.", full.budget[seat])));
+                    assert!(c.contains(&full.legal_tools(seat).join(", ")));
+                    let a = full.continuation_action(seat);
+                    full.step_texts(&[&a]).unwrap();
+                    short.step_texts(&[&a]).unwrap();
+                }
+            }
+        }
+    }
+
+    /// The example answer is well formed for the seat: it parses and is legal now.
+    #[test]
+    fn the_example_answer_is_a_legal_action() {
+        for task in ["t1", "t3", "t4", "t6"] {
+            for seed in 0..4 {
+                let env = Whispers::new(rules(task, "compact"), seed);
+                let seat = env.policy_seats()[0];
+                let mut ex = String::new();
+                env.example_answer(seat, &mut ex);
+                assert!(text(&env, seat).ends_with(&ex));
+                let a = parse_action(&ex, env.template()).unwrap();
+                env.validate(seat, &a).unwrap();
+                if env.role(seat) == Role::Editor {
+                    assert!(ex.contains("\"publish\""), "{ex}");
+                }
+            }
+        }
+    }
+}
