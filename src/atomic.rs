@@ -22,7 +22,8 @@ pub fn atomic_write(path: &Path, write: impl FnOnce(&Path) -> Result<()>) -> Res
     };
     if let Err(e) = write(&tmp) {
         let _ = std::fs::remove_file(&tmp);
-        return Err(e);
+        // A full disk surfaces as a bare OS error deep inside a writer: name the file.
+        return Err(e.context(format!("writing {}", path.display())));
     }
     std::fs::rename(&tmp, path)
         .with_context(|| format!("renaming {} to {}", tmp.display(), path.display()))
@@ -49,7 +50,11 @@ mod tests {
             std::fs::write(tmp, b"half")?;
             anyhow::bail!("disk on fire")
         });
-        assert!(err.is_err());
+        let msg = format!("{:#}", err.unwrap_err());
+        assert!(
+            msg.contains("a.txt") && msg.contains("disk on fire"),
+            "{msg}"
+        );
         assert_eq!(std::fs::read(&path).unwrap(), b"old");
         let names: Vec<_> = std::fs::read_dir(&dir)
             .unwrap()

@@ -788,7 +788,41 @@ fn silent_hub_times_out() {
     assert!(all.contains("3 attempts"), "{all}");
     assert!(all.contains("CONCORD_HUB_TIMEOUT"), "{all}");
     assert!(!all.contains("hf_silent"), "{all}");
+    // A line on stderr while it waits, before each retry.
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("attempt 2 of 3") && err.contains("attempt 3 of 3"),
+        "{err}"
+    );
     drop(held);
+}
+
+/// Issue #31, item 15: a malformed endpoint or token is not a network failure: it
+/// fails at once, says what to fix, and is not retried.
+#[test]
+fn a_malformed_endpoint_or_token_fails_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = fake_run(dir.path());
+    let args = ["export", run.to_str().unwrap(), "--repo", "dave/x"];
+    for endpoint in ["huggingface.co", "http://exa mple.com", "http://[::1"] {
+        let (out, elapsed) = concord(&args, endpoint, Some("hf_ok"), dir.path());
+        let all = text(&out);
+        assert!(!out.status.success(), "{endpoint}: {all}");
+        assert!(all.contains("HF_ENDPOINT"), "{endpoint}: {all}");
+        assert!(!all.contains("attempt"), "{endpoint}: retried: {all}");
+        assert!(!all.contains("check your network"), "{endpoint}: {all}");
+        assert!(
+            elapsed < Duration::from_secs(5),
+            "{endpoint}: took {elapsed:?}"
+        );
+    }
+    let hub = FakeHub::start(false);
+    let (out, _) = concord(&args, &hub.base, Some("hf_two words"), dir.path());
+    let all = text(&out);
+    assert!(!out.status.success(), "{all}");
+    assert!(all.contains("token contains spaces"), "{all}");
+    assert!(!all.contains("two words"), "{all}");
+    assert!(hub.state().requests.is_empty(), "nothing sent");
 }
 
 #[test]

@@ -189,19 +189,34 @@ fn reusing_a_run_name_is_refused_and_overwrite_replaces_the_run() {
     assert_eq!(checkpoints(&run_dir), [1, 2, 3]);
     // Nor does one that fails after the directory was claimed: an --overwrite start that
     // stops before its first step gives the earlier run back (issue #31, item 7).
-    let (rc, err) = train(&[
-        "--config",
-        c,
-        "--overwrite",
-        "--set",
-        "grpo.reward_weights={nope=1.0}",
-    ]);
-    assert_eq!(rc, Some(1), "{err}");
-    assert!(err.contains("nope"), "{err}");
-    let log_now = std::fs::read(run_dir.join("training_log.csv")).unwrap();
-    assert_eq!(log_now, log);
-    assert_eq!(std::fs::read(run_dir.join("config.toml")).unwrap(), config);
-    assert_eq!(checkpoints(&run_dir), [1, 2, 3]);
+    let failing: [(&[&str], &str); 3] = [
+        (&["grpo.reward_weights={nope=1.0}"], "nope"),
+        (
+            &["env.url=\"ws://127.0.0.1:1\"", "env.mode=\"episode\""],
+            "127.0.0.1:1",
+        ),
+        (
+            &[
+                "sft.warm_start=true",
+                "sft.source=\"env\"",
+                "sft.policy=\"bogus\"",
+            ],
+            "bogus",
+        ),
+    ];
+    for (sets, says) in failing {
+        let mut args = vec!["--config", c, "--overwrite"];
+        for s in sets {
+            args.extend(["--set", s]);
+        }
+        let (rc, err) = train(&args);
+        assert_eq!(rc, Some(1), "{sets:?}: {err}");
+        assert!(err.contains(says), "{sets:?}: {err}");
+        let log_now = std::fs::read(run_dir.join("training_log.csv")).unwrap();
+        assert_eq!(log_now, log, "{sets:?}");
+        assert_eq!(std::fs::read(run_dir.join("config.toml")).unwrap(), config);
+        assert_eq!(checkpoints(&run_dir), [1, 2, 3], "{sets:?}");
+    }
     // Only what Concord wrote is replaced (item 8).
     std::fs::create_dir(run_dir.join("checkpoint-notes")).unwrap();
     std::fs::write(run_dir.join("checkpoint-notes/mine.txt"), "mine").unwrap();
@@ -732,6 +747,18 @@ fn bad_checkpoints_are_named_errors() {
     std::fs::write(&w, [0xff, 0xff, 0xff, 0xff, 0xff, 0, 0, 0, b'{']).unwrap();
     let e = load_err(&m);
     assert!(e.contains("model.safetensors"), "{e}");
+    // A 3-token tokenizer would train on [UNK]s: refused by name (issue #31, item 23).
+    let m = edited_tiny(&d.path().join("t"), |_| {});
+    let three = r#"{"version":"1.0","truncation":null,"padding":null,"added_tokens":[],
+        "normalizer":null,"pre_tokenizer":{"type":"Whitespace"},"post_processor":null,
+        "decoder":null,"model":{"type":"WordLevel","vocab":{"a":0,"b":1,"[UNK]":2},
+        "unk_token":"[UNK]"}}"#;
+    std::fs::write(m.join("tokenizer.json"), three).unwrap();
+    let e = load_err(&m);
+    assert!(
+        e.contains("tokenizer.json") && e.contains("only 3 ids"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -1071,6 +1098,19 @@ fn every_argument_is_described() {
             .unwrap_or_default();
         if about.trim().is_empty() || about.contains("[`") {
             bad.push(format!("{path}: missing or rustdoc about `{about}`"));
+        }
+        // An about that lists subcommands (`bench sample`, ...) lists all of them; the
+        // lists had gone stale (issue #31, item 24).
+        let subs: Vec<&str> = cmd
+            .get_subcommands()
+            .map(|s| s.get_name())
+            .filter(|n| *n != "help")
+            .collect();
+        let named = |n: &str| about.contains(&format!("`{} {n}", cmd.get_name()));
+        if subs.iter().any(|n| named(n)) {
+            for n in subs.iter().filter(|n| !named(n)) {
+                bad.push(format!("{path}: the about lists subcommands but not `{n}`"));
+            }
         }
         for sub in cmd.get_subcommands() {
             if sub.get_name() != "help" {
@@ -1412,4 +1452,353 @@ fn fuzzed_configs_never_panic_and_errors_name_the_file() {
             assert!(msg.starts_with(&p.display().to_string()), "{msg}");
         }
     }
+}
+
+// ---------------------------------------------------------------------------------------
+// Numeric flags with extreme values (issue #31, acceptance)
+// ---------------------------------------------------------------------------------------
+
+/// The `--long` flags whose values parse to a number or a duration, per subcommand path.
+fn numeric_flags() -> Vec<(String, String)> {
+    use clap::CommandFactory;
+    use std::any::TypeId;
+    let numeric = [
+        TypeId::of::<u8>(),
+        TypeId::of::<u16>(),
+        TypeId::of::<u32>(),
+        TypeId::of::<u64>(),
+        TypeId::of::<usize>(),
+        TypeId::of::<i32>(),
+        TypeId::of::<i64>(),
+        TypeId::of::<f32>(),
+        TypeId::of::<f64>(),
+        TypeId::of::<Duration>(),
+    ];
+    fn walk(cmd: &clap::Command, path: &str, numeric: &[TypeId], out: &mut Vec<(String, String)>) {
+        for a in cmd.get_arguments() {
+            let ty = a.get_value_parser().type_id();
+            if let Some(long) = a.get_long().filter(|_| numeric.iter().any(|t| ty == *t)) {
+                out.push((path.trim().to_string(), long.to_string()));
+            }
+        }
+        for sub in cmd.get_subcommands().filter(|s| s.get_name() != "help") {
+            walk(sub, &format!("{path} {}", sub.get_name()), numeric, out);
+        }
+    }
+    let mut out = Vec::new();
+    walk(&concord::cli::Cli::command(), "", &numeric, &mut out);
+    out
+}
+
+/// A command that needs no network and finishes in seconds with sane values, per
+/// subcommand; `{new}` is a fresh path for each run. A flag under test replaces its
+/// `--flag=value` here.
+fn quick_invocation(path: &str, d: &Path, run_dir: &Path) -> Option<Vec<String>> {
+    let tiny = tiny().display().to_string();
+    let cfg = d.join("c.toml").display().to_string();
+    let msgs = d.join("m.json").display().to_string();
+    let model = format!("--model={tiny}");
+    let args: Vec<String> = match path {
+        "envs play" => vec!["envs".into(), "play".into(), "ticketmelt".into()],
+        "envs baseline" => vec![
+            "envs".into(),
+            "baseline".into(),
+            "ticketmelt".into(),
+            "--episodes=2".into(),
+        ],
+        "envs bench" => vec![
+            "envs".into(),
+            "bench".into(),
+            "ticketmelt".into(),
+            "--secs=0.05".into(),
+        ],
+        "envs graph" => vec![
+            "envs".into(),
+            "graph".into(),
+            "merge_ring".into(),
+            "--agents=2".into(),
+        ],
+        "model init-tiny" => vec!["model".into(), "init-tiny".into(), "--out={new}".into()],
+        "model init-adapter" => {
+            vec![
+                "model".into(),
+                "init-adapter".into(),
+                model,
+                "--out={new}".into(),
+            ]
+        }
+        "generate" => vec![
+            "generate".into(),
+            model,
+            format!("--messages={msgs}"),
+            "--max-new-tokens=4".into(),
+        ],
+        "eval" => vec![
+            "eval".into(),
+            format!("--config={cfg}"),
+            "--base".into(),
+            "--episodes=2".into(),
+            "--out={new}".into(),
+        ],
+        "bench sample" => vec![
+            "bench".into(),
+            "sample".into(),
+            model,
+            "--prompts=1".into(),
+            "--num-generations=1".into(),
+            "--new-tokens=2".into(),
+            "--prompt-tokens=4".into(),
+            "--warmup=0".into(),
+        ],
+        "bench train" => vec![
+            "bench".into(),
+            "train".into(),
+            model,
+            "--batch=1".into(),
+            "--seq=8".into(),
+            "--iters=1".into(),
+            "--r=2".into(),
+        ],
+        "bench grpo-step" => vec![
+            "bench".into(),
+            "grpo-step".into(),
+            format!("--config={cfg}"),
+        ],
+        "bench serve" => vec![
+            "bench".into(),
+            "serve".into(),
+            "ticketmelt".into(),
+            "--secs=0.2".into(),
+            "--sessions=1".into(),
+            "--steps=2".into(),
+        ],
+        "plot" => vec![
+            "plot".into(),
+            run_dir.display().to_string(),
+            "--window=2".into(),
+        ],
+        "serve" => vec!["serve".into(), "ticketmelt".into(), "--port=0".into()],
+        _ => return None,
+    };
+    Some(args)
+}
+
+/// Issue #31's acceptance: every flag that takes a number or a duration, given 0, -1,
+/// the largest u64, 1e30, inf or nan, ends in a clean error (exit 1 or 2, no panic, no
+/// signal) or a clean run, within a minute. A server that starts listening counts as a
+/// clean run and is stopped.
+#[test]
+fn numeric_flags_with_extreme_values_end_cleanly() {
+    const VALUES: [&str; 6] = ["0", "-1", "18446744073709551615", "1e30", "inf", "nan"];
+    let d = tempfile::tempdir().unwrap();
+    let cfg = write_config(d.path(), 1, 0);
+    let run_dir = d.path().join("runs/r");
+    let (rc, err) = train(&["--config", cfg.to_str().unwrap()]);
+    assert_eq!(rc, Some(0), "{err}");
+    std::fs::write(
+        d.path().join("m.json"),
+        r#"[{"role":"user","content":"hi"}]"#,
+    )
+    .unwrap();
+    let mut uncovered = Vec::new();
+    let mut failures = Vec::new();
+    let mut n = 0;
+    for (path, flag) in numeric_flags() {
+        let Some(base) = quick_invocation(&path, d.path(), &run_dir) else {
+            uncovered.push(format!("{path} --{flag}"));
+            continue;
+        };
+        for v in VALUES {
+            n += 1;
+            let new = d.path().join(format!("new{n}"));
+            let prefix = format!("--{flag}=");
+            let mut args: Vec<String> = base
+                .iter()
+                .filter(|a| !a.starts_with(&prefix))
+                .map(|a| a.replace("{new}", &new.display().to_string()))
+                .collect();
+            args.push(format!("{prefix}{v}"));
+            if let Some(why) = ends_cleanly(&args, d.path(), &path) {
+                failures.push(format!("concord {}: {why}", args.join(" ")));
+            }
+        }
+    }
+    assert!(
+        uncovered.is_empty(),
+        "no quick invocation for: {uncovered:?}"
+    );
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}
+
+/// None if `concord ARGS` ended cleanly; else what went wrong.
+fn ends_cleanly(args: &[String], dir: &Path, path: &str) -> Option<String> {
+    let out = dir.join("fuzz.out");
+    let err = dir.join("fuzz.err");
+    let mut child = concord()
+        .args(args)
+        .current_dir(dir)
+        .env_remove("RUST_BACKTRACE")
+        .stdin(Stdio::null())
+        .stdout(std::fs::File::create(&out).unwrap())
+        .stderr(std::fs::File::create(&err).unwrap())
+        .spawn()
+        .unwrap();
+    let t0 = Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break Some(s);
+        }
+        let listening = path == "serve"
+            && std::fs::read_to_string(&out).is_ok_and(|o| o.contains("listening on"));
+        if listening || t0.elapsed() > Duration::from_secs(60) {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let stderr = std::fs::read_to_string(&err).unwrap_or_default();
+    let tail: String = stderr
+        .chars()
+        .rev()
+        .take(600)
+        .collect::<Vec<_>>()
+        .into_iter()
+        .rev()
+        .collect();
+    match status {
+        None if path == "serve" && t0.elapsed() <= Duration::from_secs(60) => None,
+        None => Some(format!("still running after 60 s: {tail}")),
+        Some(s) if stderr.contains("panicked") => Some(format!("panicked ({s}): {tail}")),
+        Some(s) => match s.code() {
+            Some(0..=2) => None,
+            _ => Some(format!("ended by {s}: {tail}")),
+        },
+    }
+}
+
+/// Issue #31, item 18: the processes of one job on one host share the memory budget
+/// (two ranks of the 0.5B, each budgeting 70% of the host, were OOM-killed). The tiny
+/// model's run with a launcher's local size of 2 budgets for two and still trains.
+#[test]
+fn ranks_on_one_host_share_the_memory_budget() {
+    let d = tempfile::tempdir().unwrap();
+    let cfg = write_config(d.path(), 1, 0);
+    let out = concord()
+        .args(["train", "--config", cfg.to_str().unwrap()])
+        .env("LOCAL_WORLD_SIZE", "2")
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{text}");
+    assert!(
+        text.contains("shared by 2 processes on this host"),
+        "{text}"
+    );
+    assert_eq!(log_rows(&d.path().join("runs/r")), 1);
+}
+
+/// Issue #31, item 22: a huge value is not echoed back whole by the flag's error (clap's
+/// own errors went around the shortening every other error gets).
+#[test]
+fn a_huge_flag_value_is_not_echoed_whole() {
+    let huge = "9".repeat(100_000);
+    let (rc, err) = run(concord().args(["envs", "bench", "ticketmelt", &format!("--secs={huge}")]));
+    assert_eq!(rc, Some(2), "{}", &err[..err.len().min(300)]);
+    assert!(
+        err.contains("--secs") && err.contains("characters left out"),
+        "{}",
+        err.len()
+    );
+    assert!(err.len() < 5_000, "{} bytes", err.len());
+}
+
+/// Issue #31, items 13, 22 and 24: `eval` past the held-out seeds fails and leaves the
+/// earlier eval.json as it was; `--against` with a file that is no eval.json says what it
+/// expected; a `random:` model in `train` points at `init_tiny`.
+#[test]
+fn eval_and_train_refuse_what_cannot_work_and_keep_the_earlier_report() {
+    let d = tempfile::tempdir().unwrap();
+    let cfg = write_config(d.path(), 1, 0);
+    let cfg = cfg.to_str().unwrap();
+    let out = d.path().join("eval.json");
+    std::fs::write(&out, "earlier report").unwrap();
+    let out_s = out.to_str().unwrap();
+    let (rc, err) = run(concord()
+        .args(["eval", "--config", cfg, "--base", "--out", out_s])
+        .args(["--first-seed", "18446744073709551615", "--episodes", "2"]));
+    assert_eq!(rc, Some(1), "{err}");
+    assert!(err.contains("held-out seeds"), "{err}");
+    assert_eq!(std::fs::read_to_string(&out).unwrap(), "earlier report");
+
+    let (rc, err) = run(concord()
+        .args([
+            "eval",
+            "--config",
+            cfg,
+            "--base",
+            "--episodes",
+            "2",
+            "--against",
+            out_s,
+            "--out",
+        ])
+        .arg(d.path().join("e2.json")));
+    assert_eq!(rc, Some(1), "{err}");
+    assert!(err.contains("expected an eval.json"), "{err}");
+
+    let (rc, err) = train(&["--config", cfg, "--set", "model.name=random:tiny"]);
+    assert_eq!(rc, Some(1), "{err}");
+    assert!(err.contains("init_tiny"), "{err}");
+}
+
+/// Issue #31, item 5: SIGTERM during a standalone `concord sft` writes a checkpoint and
+/// says how to resume, and the resume continues it (the handler used to be installed
+/// only when GRPO started).
+#[test]
+fn sigterm_in_a_standalone_sft_checkpoints_and_resume_continues_it() {
+    let d = tempfile::tempdir().unwrap();
+    let out = d.path().display().to_string();
+    let sets = |steps: &str| {
+        vec![
+            format!("run.output_dir={out}"),
+            format!("model.name={out}/tiny"),
+            format!("sft.steps={steps}"),
+            "sft.examples=8".to_string(),
+            "sft.batch_size=2".to_string(),
+        ]
+    };
+    let mut cmd = concord();
+    cmd.args(["sft", "--config", "configs/quickstart.toml"]);
+    for s in sets("100000") {
+        cmd.args(["--set", &s]);
+    }
+    let child = cmd
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let run_dir = d.path().join("quickstart");
+    let (rc, err) = sigterm_after_rows(child, &run_dir, 2);
+    assert_eq!(rc, Some(1), "{err}");
+    assert!(err.contains("--resume") && err.contains(&out), "{err}");
+    let last = *checkpoints(&run_dir)
+        .last()
+        .expect("the interrupt's checkpoint");
+    assert_eq!(log_rows(&run_dir), last);
+
+    let mut cmd = concord();
+    cmd.args(["sft", "--resume", run_dir.to_str().unwrap()]);
+    let steps = (last + 1).to_string();
+    for s in &sets(&steps)[2..] {
+        cmd.args(["--set", s]);
+    }
+    let (rc, err) = run(&mut cmd);
+    assert_eq!(rc, Some(0), "{err}");
+    assert_eq!(log_rows(&run_dir), last + 1);
 }

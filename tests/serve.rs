@@ -171,8 +171,22 @@ fn every_websocket_error_code() {
     let refused = read(&mut second);
     assert_eq!(error_code(&refused), "CAPACITY_REACHED");
     assert_eq!(refused["data"]["max_sessions"], 1);
-    // idle past the timeout: SESSION_ERROR, then the server closes the session
+    assert_eq!(close_code(&mut second), Some(1013), "try again later");
+    // idle past the timeout: SESSION_ERROR, then the server closes the session, saying
+    // why (issue #31, item 17: it used to close without a code, 1005 at the client)
     assert_eq!(error_code(&read(&mut ws)), "SESSION_ERROR");
+    assert_eq!(close_code(&mut ws), Some(1000));
+}
+
+/// The code of the next close frame; None if the connection ends without one.
+fn close_code(ws: &mut Ws) -> Option<u16> {
+    loop {
+        match ws.read() {
+            Ok(Message::Close(c)) => return Some(c.map_or(1005, |c| u16::from(c.code))),
+            Ok(_) => continue,
+            Err(_) => return None,
+        }
+    }
 }
 
 #[test]
@@ -186,10 +200,14 @@ fn an_oversized_frame_ends_only_its_session() {
         "x".repeat(100_000)
     );
     let _ = ws.send(Message::text(big));
-    // SESSION_ERROR if the reply makes it before the connection drops
+    // SESSION_ERROR and a close frame saying "too big", if they make it before the
+    // connection drops (the server does not read the rest of the frame)
     if let Ok(Message::Text(t)) = ws.read() {
         let v: Value = serde_json::from_str(t.as_str()).unwrap();
         assert_eq!(error_code(&v), "SESSION_ERROR");
+        if let Some(code) = close_code(&mut ws) {
+            assert_eq!(code, 1009);
+        }
     }
     let r = send(
         &mut other,
@@ -585,6 +603,15 @@ fn remote_config_keys_are_checked() {
             "concord serve",
         ),
         ("[env]\nname = \"ticketmelt\"\nmax_steps = 3\n", "url"),
+        ("[env]\nname = \"ticketmelt\"\ntimeout = 5.0\n", "url"),
+        (
+            "[env]\nurl = \"ws://h:1\"\nmode = \"episode\"\ntimeout = 0.0\n",
+            "env.timeout",
+        ),
+        (
+            "[env]\nurl = \"ws://h:1\"\nmode = \"episode\"\ntimeout = nan\n",
+            "env.timeout",
+        ),
         ("[env]\nmode = \"episode\"\n", "url = "),
         (
             "[env]\nurl = \"ws://h:1\"\nmode = \"episode\"\nactoin_key = \"m\"\n",
@@ -600,6 +627,88 @@ fn remote_config_keys_are_checked() {
             assert!(err.contains("line "), "{bad}: {err}");
         }
     }
+}
+
+/// Issue #31, item 14: a server that accepts the connection and never answers (before
+/// the handshake, or after it) fails the step within `[env] timeout`, with a line on
+/// stderr while it waits; by default within a minute (it took 242 s).
+#[test]
+fn a_silent_server_fails_within_its_timeout_and_says_so_while_waiting() {
+    use std::net::TcpListener;
+    assert!(RemoteSpec::new("ws://h:1").timeout <= Duration::from_secs(30));
+    for handshake in [false, true] {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("ws://{}", listener.local_addr().unwrap());
+        let holder = std::thread::spawn(move || {
+            let mut held = Vec::new();
+            while let Ok((s, _)) = listener.accept() {
+                if handshake {
+                    held.push(Some(tungstenite::accept(s).unwrap()));
+                    continue;
+                }
+                std::mem::forget(s);
+                held.push(None);
+            }
+        });
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = remote_config(dir.path(), &url, 1);
+        let text = std::fs::read_to_string(&cfg).unwrap() + "timeout = 2.0\n";
+        std::fs::write(&cfg, text).unwrap();
+        let t0 = std::time::Instant::now();
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_concord"))
+            .args(["train", "--config", cfg.to_str().unwrap()])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{err}");
+        let what = if handshake { "`reset`" } else { "handshake" };
+        assert!(
+            err.contains("within 2 s ([env] timeout)") && err.contains(what),
+            "{err}"
+        );
+        assert!(err.contains("waiting for the OpenEnv server"), "{err}");
+        assert!(t0.elapsed() < Duration::from_secs(60), "{:?}", t0.elapsed());
+        drop(holder);
+    }
+}
+
+/// Issue #31, item 17: an HTTP body over the limit gets a JSON 413 like every other
+/// error, and an upload that stalls gets 408 instead of holding its connection forever.
+#[test]
+fn http_bodies_are_bounded_in_size_and_time() {
+    use std::io::{Read, Write};
+    let mut o = ServeOptions::new("ticketmelt");
+    o.port = 0;
+    o.max_frame_bytes = 1024;
+    o.body_timeout = Duration::from_secs(1);
+    let h = spawn(&o).unwrap();
+    let big = format!(r#"{{"message":"{}"}}"#, "x".repeat(4096));
+    let (code, v) = post(&h, "/step", &big);
+    assert_eq!(code, 413, "{v}");
+    assert!(
+        v["detail"].as_str().unwrap().contains("--max-frame-bytes"),
+        "{v}"
+    );
+
+    let mut tcp = TcpStream::connect(h.addr).unwrap();
+    tcp.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let head = "POST /reset HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+                Content-Length: 100\r\n\r\n{\"seed\":";
+    tcp.write_all(head.as_bytes()).unwrap();
+    let t0 = std::time::Instant::now();
+    // the whole answer, whether or not the server then closes the connection
+    let mut reply = String::new();
+    let mut buf = [0u8; 4096];
+    while !(reply.contains("\r\n\r\n") && reply.ends_with('}')) {
+        match tcp.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => reply.push_str(&String::from_utf8_lossy(&buf[..n])),
+        }
+    }
+    assert!(reply.starts_with("HTTP/1.1 408"), "{reply}");
+    assert!(reply.contains("\"detail\""), "{reply}");
+    assert!(t0.elapsed() < Duration::from_secs(10), "{:?}", t0.elapsed());
+    assert_eq!(health(&h), json!({"status": "healthy"}));
 }
 
 #[test]

@@ -86,9 +86,9 @@ pub struct BenchStepArgs {
     /// Override a config key (repeatable), as for `train`.
     #[arg(long = "set", value_name = "SECTION.KEY=VALUE")]
     pub sets: Vec<String>,
-    /// Timed steps, after one untimed warm-up step.
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
-    pub steps: u64,
+    /// Timed steps, after one untimed warm-up step (1 to 10,000).
+    #[arg(long, default_value_t = 1, value_parser = super::repetitions)]
+    pub steps: usize,
     /// Print the report as JSON.
     #[arg(long)]
     pub json: bool,
@@ -103,7 +103,7 @@ fn run_step(a: BenchStepArgs) -> anyhow::Result<()> {
         config: a.config,
         sets: a.sets,
         model: a.model,
-        steps: usize::try_from(a.steps)?,
+        steps: a.steps,
         export_prompts: a.export_prompts,
     })?;
     if a.json {
@@ -124,14 +124,14 @@ pub struct BenchTrainArgs {
     /// that shape (no download).
     #[arg(long)]
     pub model: String,
-    /// Sequences per forward+backward (>= 1).
-    #[arg(long, default_value_t = 8, value_parser = super::positive)]
+    /// Sequences per forward+backward (1 to 16,384).
+    #[arg(long, default_value_t = 8, value_parser = super::rows)]
     pub batch: usize,
-    /// Tokens per sequence (>= 2).
-    #[arg(long, default_value_t = 160, value_parser = super::positive)]
+    /// Tokens per sequence (2 to 131,072).
+    #[arg(long, default_value_t = 160, value_parser = super::seq_tokens)]
     pub seq: usize,
-    /// Timed iterations (after one warm-up).
-    #[arg(long, default_value_t = 2, value_parser = super::positive)]
+    /// Timed iterations (after one warm-up; 1 to 10,000).
+    #[arg(long, default_value_t = 2, value_parser = super::repetitions)]
     pub iters: usize,
     /// Compute dtype: f32, bf16 or f16.
     #[arg(long, default_value = "f32")]
@@ -140,7 +140,7 @@ pub struct BenchTrainArgs {
     #[arg(long, default_value = "cpu")]
     pub device: String,
     /// LoRA rank of the adapter on every target module.
-    #[arg(long, default_value_t = 16, value_parser = super::positive)]
+    #[arg(long, default_value_t = 16, value_parser = super::lora_rank)]
     pub r: usize,
     /// Recompute each layer's activations in the backward (activation checkpointing).
     #[arg(long)]
@@ -188,8 +188,8 @@ pub struct BenchSampleArgs {
     /// Tokens per prompt (random ids, seeded).
     #[arg(long, default_value_t = 100)]
     pub prompt_tokens: usize,
-    /// Untimed warm-up runs before the measured one.
-    #[arg(long, default_value_t = 1)]
+    /// Untimed warm-up runs before the measured one (0 to 100).
+    #[arg(long, default_value_t = 1, value_parser = super::warmups)]
     pub warmup: usize,
     #[command(flatten)]
     pub sampling: SamplingArgs,

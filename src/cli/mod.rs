@@ -78,6 +78,60 @@ pub(crate) fn seconds(s: &str) -> Result<f64, String> {
     Ok(v)
 }
 
+/// An integer in `lo..=hi`: counts that size allocations or loops (a rank, rows,
+/// tokens, iterations), whose extreme values overflowed or ran for days.
+fn bounded(s: &str, lo: usize, hi: usize) -> Result<usize, String> {
+    let n: usize = s.trim().parse().map_err(|e| format!("{e}"))?;
+    if !(lo..=hi).contains(&n) {
+        return Err(format!("must be in {lo}..={hi}"));
+    }
+    Ok(n)
+}
+
+/// A LoRA rank (`--r`): 1 to `[lora] r`'s limit.
+pub(crate) fn lora_rank(s: &str) -> Result<usize, String> {
+    bounded(s, 1, crate::config::limits::MAX_LORA_R)
+}
+
+/// Rows of a benchmark batch (`bench train --batch`).
+pub(crate) fn rows(s: &str) -> Result<usize, String> {
+    bounded(s, 1, crate::config::limits::MAX_BATCH_ROWS)
+}
+
+/// Tokens of a benchmark sequence (`bench train --seq`).
+pub(crate) fn seq_tokens(s: &str) -> Result<usize, String> {
+    bounded(s, 2, crate::config::limits::MAX_COMPLETION_LENGTH)
+}
+
+/// Benchmark repetitions (`--iters`, `--steps`): at least 1, at most 10,000.
+pub(crate) fn repetitions(s: &str) -> Result<usize, String> {
+    bounded(s, 1, 10_000)
+}
+
+/// Untimed warm-up runs (`bench sample --warmup`): 0 to 100.
+pub(crate) fn warmups(s: &str) -> Result<usize, String> {
+    bounded(s, 0, 100)
+}
+
+/// A finite number > 0 (`--alpha`): NaN or inf would write an adapter that ruins every
+/// forward pass.
+pub(crate) fn positive_number(s: &str) -> Result<f64, String> {
+    let v: f64 = s.trim().parse().map_err(|e| format!("{e}"))?;
+    if !(v.is_finite() && v > 0.0) {
+        return Err("must be a finite number > 0".into());
+    }
+    Ok(v)
+}
+
+/// A finite number >= 0 (`--b-std`).
+pub(crate) fn non_negative_number(s: &str) -> Result<f64, String> {
+    let v: f64 = s.trim().parse().map_err(|e| format!("{e}"))?;
+    if !(v.is_finite() && v >= 0.0) {
+        return Err("must be a finite number >= 0".into());
+    }
+    Ok(v)
+}
+
 /// The most episodes one `eval` or `envs baseline` call plays: more runs for days
 /// (`envs baseline` prints nothing until it ends) and is surely a typo.
 const MAX_EPISODES: usize = 1_000_000;
@@ -121,17 +175,46 @@ fn shorten(text: &str, head: usize, tail: usize) -> String {
 }
 
 pub fn main() -> i32 {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => return usage_error(e),
+    };
     match run(cli) {
         Ok(()) => 0,
         Err(e) => {
             // An endpoint or env.url may carry credentials; errors quote URLs, and
             // values, which may be megabytes long.
-            let text = crate::sys::redact_url_credentials(&format!("{e:#}"));
+            let text = crate::sys::redact_url_credentials(&error_text(&e));
             crate::note!("error: {}", shorten(&text, 2000, 500));
             1
         }
     }
+}
+
+/// clap's help and errors, as `Cli::parse` would print them, except that an error quoting
+/// a huge value is shortened like every other error.
+fn usage_error(e: clap::Error) -> i32 {
+    use clap::error::ErrorKind;
+    if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) {
+        let _ = e.print();
+        return e.exit_code();
+    }
+    let text = crate::sys::redact_url_credentials(&e.render().to_string());
+    crate::note!("{}", shorten(text.trim_end(), 2000, 500));
+    e.exit_code()
+}
+
+/// `{e:#}` without the repeats: layers that quote their cause (candle's and
+/// safetensors' errors do) would otherwise print the same OS error twice.
+fn error_text(e: &anyhow::Error) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    for cause in e.chain() {
+        let c = cause.to_string();
+        if !parts.last().is_some_and(|p| p.ends_with(c.as_str())) {
+            parts.push(c);
+        }
+    }
+    parts.join(": ")
 }
 
 fn run(cli: Cli) -> anyhow::Result<()> {
@@ -152,7 +235,23 @@ fn run(cli: Cli) -> anyhow::Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::shorten;
+    use super::{error_text, shorten};
+
+    /// Issue #31, item 22: a disk-full error said the OS error twice and named no file.
+    #[test]
+    fn errors_name_each_cause_once() {
+        let os = std::io::Error::from_raw_os_error(28);
+        let quoted = format!("safetensors: {os}");
+        let e = anyhow::Error::new(os)
+            .context(quoted)
+            .context("writing runs/r/adapter_model.safetensors");
+        let text = error_text(&e);
+        assert_eq!(text.matches("(os error 28)").count(), 1, "{text}");
+        assert!(
+            text.starts_with("writing runs/r/adapter_model.safetensors: "),
+            "{text}"
+        );
+    }
 
     #[test]
     fn long_errors_keep_their_ends() {

@@ -33,10 +33,10 @@ pub struct InitAdapterArgs {
     #[arg(long)]
     pub out: PathBuf,
     /// LoRA rank.
-    #[arg(long, default_value_t = 8, value_parser = super::positive)]
+    #[arg(long, default_value_t = 8, value_parser = super::lora_rank)]
     pub r: usize,
     /// LoRA alpha (the update is scaled by alpha / r, or alpha / sqrt(r) with --rslora).
-    #[arg(long, default_value_t = 16.0)]
+    #[arg(long, default_value_t = 16.0, value_parser = super::positive_number)]
     pub alpha: f64,
     /// Comma-separated target modules (q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj).
     #[arg(
@@ -51,7 +51,7 @@ pub struct InitAdapterArgs {
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
     /// Standard deviation of B (0 = PEFT's zero init).
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.0, value_parser = super::non_negative_number)]
     pub b_std: f64,
 }
 

@@ -15,6 +15,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 /// The whole run configuration.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
@@ -134,9 +135,9 @@ impl DTypeName {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ModelConfig {
-    /// Hub id (`Qwen/Qwen2.5-3B-Instruct[@revision]`) or local directory. The special
-    /// value `tiny` (or a path whose directory is missing and `init_tiny = true`) uses
-    /// the built-in tiny random model.
+    /// Hub id (`Qwen/Qwen2.5-3B-Instruct[@revision]`), local directory or `.gguf`
+    /// file. With `init_tiny = true`, a missing or empty directory gets the built-in
+    /// tiny random model.
     pub name: String,
     pub dtype: DTypeName,
     /// Storage dtype of the frozen base matrices (projections, embedding, LM head):
@@ -540,6 +541,10 @@ pub struct EnvConfig {
     /// (0: when the server says `done`).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub max_steps: usize,
+    /// With `url`: seconds to wait for the connection and for each reply before the
+    /// step fails (default 30).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout: Option<f64>,
     /// `decision` (default): each completion is one decision, scored by finishing the
     /// episode with the continuation policy; `episode`: each completion is a whole
     /// trajectory (see [`crate::task::episode`]).
@@ -584,6 +589,7 @@ impl EnvConfig {
             action_key: None,
             observation_key: None,
             max_steps: 0,
+            timeout: None,
             mode: EnvMode::Decision,
             shaped_rewards: false,
             max_turn_tokens: 0,
@@ -603,6 +609,9 @@ impl EnvConfig {
             }
             spec.observation_key = self.observation_key.clone();
             spec.max_steps = self.max_steps;
+            if let Some(t) = self.timeout.filter(|t| t.is_finite() && *t > 0.0) {
+                spec.timeout = Duration::from_secs_f64(t.min(MAX_ENV_TIMEOUT_S));
+            }
             spec
         })
     }
@@ -780,6 +789,9 @@ impl Config {
 
 /// The warm start's run directory inside a GRPO run directory.
 pub const WARM_START_DIR: &str = "sft";
+
+/// The longest `[env] timeout`: a day (a step that needs longer is not one).
+pub const MAX_ENV_TIMEOUT_S: f64 = 86_400.0;
 
 /// Upper bounds on sizes, checked before anything is allocated (a value past them is
 /// a typo or a unit slip, not a run this trainer can take). The model-dependent bounds
@@ -1194,6 +1206,14 @@ pub fn apply_set(table: &mut toml::Table, set: &str) -> Result<()> {
         bail!("--set `{set}`: expected section.key=value (e.g. grpo.temperature=0.7)");
     }
     let value = parse_set_value(raw);
+    let digits = raw.strip_prefix(['+', '-']).unwrap_or(raw).replace('_', "");
+    if value.is_str() && !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()) {
+        // TOML integers are i64; the string fallback would report "invalid type: string"
+        bail!(
+            "--set `{path}`: {raw} is out of range: integers are at most {}",
+            i64::MAX
+        );
+    }
     let mut t = table;
     for (i, p) in parts[..parts.len() - 1].iter().enumerate() {
         let entry = t
@@ -1343,6 +1363,17 @@ mod tests {
         assert_eq!(key_before(t, 10), None);
     }
 
+    /// Issue #31, item 24: the hint names what works (`tiny` alone is not a model).
+    #[test]
+    fn a_missing_model_name_suggests_what_works() {
+        let e = Config::from_toml_str("[env]\nname = \"ticketmelt\"\n", "t.toml", &[]).unwrap_err();
+        let e = format!("{e:#}");
+        assert!(
+            e.contains("model.init_tiny = true") && !e.contains("`tiny`"),
+            "{e}"
+        );
+    }
+
     #[test]
     fn home_is_expanded_and_insane_learning_rates_refused() {
         let Some(home) = std::env::var_os("HOME").filter(|h| !h.is_empty()) else {
@@ -1384,5 +1415,9 @@ mod tests {
             toml::Value::String("x y".into())
         );
         assert_eq!(parse_set_value("true"), toml::Value::Boolean(true));
+        let mut t = toml::Table::new();
+        let e = apply_set(&mut t, "run.seed=99999999999999999999").unwrap_err();
+        assert!(e.to_string().contains("run.seed") && e.to_string().contains("out of range"));
+        apply_set(&mut t, "run.name=007x").unwrap();
     }
 }

@@ -80,7 +80,9 @@ impl Config {
         if m.name.trim().is_empty() {
             return Err(ValidationError {
                 key: None,
-                message: "model.name is required (a Hub id, a local directory, or `tiny`)".into(),
+                message: "model.name is required: a local directory or .gguf file (with \
+                          model.init_tiny = true, a directory for a tiny random model)"
+                    .into(),
             });
         }
         if let Err(e) = parse_device_name(&m.device) {
@@ -377,6 +379,7 @@ impl Config {
                 ("action_key", e.action_key.is_some()),
                 ("observation_key", e.observation_key.is_some()),
                 ("max_steps", e.max_steps > 0),
+                ("timeout", e.timeout.is_some()),
             ] {
                 if set {
                     return Err(err(
@@ -404,6 +407,17 @@ impl Config {
                  its options when it is started (e.g. concord serve NAME --set k=v)"
                     .into(),
             ));
+        }
+        if let Some(t) = e.timeout {
+            if !(t > 0.0 && t <= super::MAX_ENV_TIMEOUT_S) {
+                return Err(err(
+                    "timeout",
+                    format!(
+                        "{t} is not a number of seconds in (0, {}]",
+                        super::MAX_ENV_TIMEOUT_S
+                    ),
+                ));
+            }
         }
         if spec.action_key.trim().is_empty() {
             return Err(err(

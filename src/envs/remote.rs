@@ -25,8 +25,9 @@ use super::{EnvFactory, Environment, Message, Reward, StepOutcome};
 use anyhow::{anyhow, bail, Context, Result};
 use serde_json::{json, Value};
 use std::net::{TcpStream, ToSocketAddrs};
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tungstenite::handshake::HandshakeError;
 use tungstenite::stream::MaybeTlsStream;
 use tungstenite::{Message as Frame, WebSocket};
 
@@ -34,6 +35,56 @@ use tungstenite::{Message as Frame, WebSocket};
 pub const NAME: &str = "remote";
 /// The reward component holding the sum of the remote step rewards.
 pub const REMOTE_REWARD: &str = "remote_reward";
+
+/// How long the connection and each reply may take by default: a silent server fails
+/// the step within a minute.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
+/// A wait longer than this (or half the timeout) gets a line on stderr, at most one
+/// per tick per process.
+const WAIT_TICK: Duration = Duration::from_secs(10);
+
+/// One bounded wait for the server. Reads time out every [`WAIT_TICK`], so a long
+/// wait is reported while it lasts and ends at the spec's timeout.
+struct Wait {
+    start: Instant,
+    limit: Duration,
+}
+
+impl Wait {
+    fn new(limit: Duration) -> Self {
+        Self {
+            start: Instant::now(),
+            limit,
+        }
+    }
+
+    /// After a read timed out: `Ok` to read again, `Err(why)` once the limit passed.
+    fn tick(&self, url: &str, what: &str) -> std::result::Result<(), String> {
+        let waited = self.start.elapsed();
+        let limit = self.limit.as_secs_f64();
+        if waited >= self.limit {
+            return Err(format!(
+                "no answer to `{what}` within {limit:.0} s ([env] timeout)"
+            ));
+        }
+        static LAST_LINE: Mutex<Option<Instant>> = Mutex::new(None);
+        let mut last = LAST_LINE.lock().unwrap_or_else(|p| p.into_inner());
+        if last.is_none_or(|t| t.elapsed() >= WAIT_TICK) {
+            *last = Some(Instant::now());
+            crate::note!(
+                "waiting for the OpenEnv server at {} (`{what}`: {:.0} s of {limit:.0} s)",
+                crate::sys::redact_url_credentials(url),
+                waited.as_secs_f64()
+            );
+        }
+        Ok(())
+    }
+}
+
+fn timed_out(e: &tungstenite::Error) -> bool {
+    use std::io::ErrorKind::{TimedOut, WouldBlock};
+    matches!(e, tungstenite::Error::Io(io) if matches!(io.kind(), WouldBlock | TimedOut))
+}
 
 /// Where and how to talk to an OpenEnv server (`[env] url`, `action_key`, ...).
 #[derive(Debug, Clone, PartialEq)]
@@ -46,7 +97,7 @@ pub struct RemoteSpec {
     pub observation_key: Option<String>,
     /// End the episode client-side after this many steps (0: when the server says).
     pub max_steps: usize,
-    /// Connecting, and waiting for each reply.
+    /// Connecting, and waiting for each reply (`[env] timeout`).
     pub timeout: Duration,
 }
 
@@ -57,7 +108,7 @@ impl RemoteSpec {
             action_key: "message".into(),
             observation_key: None,
             max_steps: 0,
-            timeout: Duration::from_secs(120),
+            timeout: DEFAULT_TIMEOUT,
         }
     }
 
@@ -199,6 +250,7 @@ impl RemoteEnv {
         socket
             .send(Frame::text(frame.to_string()))
             .map_err(|e| lost(format!("sending `{what}`: {e}")))?;
+        let wait = Wait::new(self.spec.timeout);
         let reply = loop {
             match socket.read() {
                 Ok(Frame::Text(t)) => break t,
@@ -213,6 +265,11 @@ impl RemoteEnv {
                     .into());
                 }
                 Ok(_) => continue,
+                Err(e) if timed_out(&e) => {
+                    if let Err(why) = wait.tick(&self.url, what) {
+                        return Err(lost(why).into());
+                    }
+                }
                 Err(e) => {
                     return Err(lost(format!("waiting for the reply to `{what}`: {e}")).into())
                 }
@@ -257,7 +314,8 @@ impl RemoteEnv {
     }
 }
 
-/// Connect with a timeout on the TCP connect and on every read and write.
+/// Connect with a timeout on the TCP connect, the handshake and every write; reads
+/// wake every [`WAIT_TICK`] so that [`Wait`] can report and bound them.
 fn connect(url: &str, timeout: Duration) -> Result<Socket> {
     let hostport = url
         .trim_start_matches("ws://")
@@ -270,12 +328,24 @@ fn connect(url: &str, timeout: Duration) -> Result<Socket> {
         .next()
         .ok_or_else(|| anyhow!("{hostport} resolves to no address"))?;
     let tcp = TcpStream::connect_timeout(&addr, timeout)?;
-    tcp.set_read_timeout(Some(timeout))?;
+    // Half the limit at most, so even a short limit reports once before it fails.
+    let tick = (timeout / 2).clamp(Duration::from_millis(10), WAIT_TICK);
+    tcp.set_read_timeout(Some(tick))?;
     tcp.set_write_timeout(Some(timeout))?;
     tcp.set_nodelay(true)?;
-    let (socket, _) = tungstenite::client::client(url, MaybeTlsStream::Plain(tcp))
-        .map_err(|e| anyhow!("WebSocket handshake: {e}"))?;
-    Ok(socket)
+    let wait = Wait::new(timeout);
+    let mut shake = tungstenite::client::client(url, MaybeTlsStream::Plain(tcp));
+    loop {
+        match shake {
+            Ok((socket, _)) => return Ok(socket),
+            Err(HandshakeError::Interrupted(mid)) => {
+                wait.tick(url, "the WebSocket handshake")
+                    .map_err(|why| anyhow!(why))?;
+                shake = mid.handshake();
+            }
+            Err(HandshakeError::Failure(e)) => bail!("WebSocket handshake: {e}"),
+        }
+    }
 }
 
 /// An OpenEnv observation as chat messages (see the module docs).
@@ -369,7 +439,9 @@ impl Environment for RemoteEnv {
         }
     }
     fn transcript(&self) -> Value {
-        json!({"seed": self.seed, "steps": self.steps, "url": self.url, "rewards": self.rewards})
+        // Transcripts are written to files and shared: no credentials in them.
+        let url = crate::sys::redact_url_credentials(&self.url);
+        json!({"seed": self.seed, "steps": self.steps, "url": url, "rewards": self.rewards})
     }
     /// A snapshot that cannot step: a remote episode has no fork.
     fn clone_box(&self) -> Box<dyn Environment> {

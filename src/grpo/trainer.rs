@@ -357,7 +357,12 @@ impl Trainer {
         let cfg = &self.stages[stage].cfg;
         self.opt.params = AdamWParams::from_config(&cfg.optim);
         if self.host_budget.is_none() && cfg.optim.memory_budget_gb.is_none() {
-            self.host_budget = Some(MemoryBudget::resolve(None, self.model.device()));
+            let budget = MemoryBudget::resolve(None, self.model.device());
+            if !self.quiet {
+                // Once a run: ranks on one host divide it, and the line says so.
+                crate::note!("memory budget: {}", budget.describe());
+            }
+            self.host_budget = Some(budget);
         }
         let stats = Learner {
             model: &self.model,

@@ -64,12 +64,26 @@ fn cell(s: &str) -> String {
 
 /// The model card (`README.md`) for a run: YAML metadata, what the adapter is, the
 /// training configuration, final metrics, the eval table, the plots and how to load it.
+/// A path as a public card may show it: an absolute one (a local model or config, which
+/// names the machine's directories) becomes its file name; Hub ids and relative paths
+/// stay as they are.
+fn public_path(p: &str) -> String {
+    let path = Path::new(p);
+    if !(path.is_absolute() || p.starts_with('~')) {
+        return p.to_string();
+    }
+    path.file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| p.to_string())
+}
+
 /// Where the run started when not from a fresh LoRA: `model.adapter`, and the `[sft]`
 /// warm start that produced it (empty otherwise).
 fn start_section(c: &toml::Table) -> String {
     let Some(adapter) = get(c, &["model", "adapter"]).and_then(|v| v.as_str()) else {
         return String::new();
     };
+    let adapter = public_path(adapter);
     let mut s = format!(
         "## Starting point\n\nGRPO started from the LoRA adapter `{adapter}` rather than a \
          fresh one"
@@ -138,6 +152,7 @@ pub fn model_card(run_dir: &Path, repo: &str) -> Result<String> {
                 .map(str::to_string)
         })
         .unwrap_or_else(|| "unknown".to_string());
+    let base = public_path(&base);
     let base_id = hub_model_id(&base);
 
     // Environment names: [env], [[stage]] tables, the log's env column.
@@ -336,7 +351,7 @@ pub fn model_card(run_dir: &Path, repo: &str) -> Result<String> {
     if let Some(ev) = eval.as_ref().filter(|e| !e.models.is_empty()) {
         md.push_str("## Evaluation\n\n");
         let facts = [
-            format!("config `{}`", ev.config),
+            format!("config `{}`", public_path(&ev.config)),
             format!("{} episodes per environment", ev.episodes),
             if ev.greedy {
                 "greedy decoding"
@@ -529,6 +544,31 @@ mod tests {
         let card = model_card(d, "me/my-adapter").unwrap();
         assert!(
             card.contains("| ticketmelt | base | 0 | – | – | win – |"),
+            "{card}"
+        );
+
+        // Issue #31, item 24: a local base, start adapter and config are named, not the
+        // machine's directories.
+        let secret = d.join("home/alice/models");
+        let adapter_json = json!({ "base_model_name_or_path": secret.join("q.gguf"), "r": 8 });
+        std::fs::write(d.join("adapter_config.json"), adapter_json.to_string()).unwrap();
+        let config = format!(
+            "[model]\nadapter = \"{}\"\n[env]\nname = \"ticketmelt\"\n",
+            secret.join("start").display()
+        );
+        std::fs::write(d.join("config.toml"), config).unwrap();
+        let report = std::fs::read_to_string(d.join("eval.json")).unwrap();
+        let cfg_path = secret.join("c.toml").display().to_string();
+        let report = report.replace("\"c.toml\"", &serde_json::to_string(&cfg_path).unwrap());
+        std::fs::write(d.join("eval.json"), report).unwrap();
+        let card = model_card(d, "me/my-adapter").unwrap();
+        assert!(!card.contains("alice"), "{card}");
+        assert!(
+            card.contains("base_model: q.gguf") || card.contains("`q.gguf`"),
+            "{card}"
+        );
+        assert!(
+            card.contains("`start`") && card.contains("config `c.toml`"),
             "{card}"
         );
     }

@@ -235,6 +235,23 @@ impl Reply {
     }
 }
 
+/// Transport failures that another attempt cannot fix, with what to check instead.
+fn not_the_network(kind: ureq::ErrorKind) -> Option<&'static str> {
+    use ureq::ErrorKind as K;
+    match kind {
+        K::InvalidUrl | K::UnknownScheme => Some("the URL is malformed"),
+        K::Dns => Some("its host name does not resolve: check HF_ENDPOINT for a typo, or your DNS"),
+        K::BadHeader => Some(
+            "a request header is malformed: check that HF_TOKEN is one line of printable \
+             characters",
+        ),
+        K::InsecureRequestHttpsOnly | K::InvalidProxyUrl | K::ProxyUnauthorized => {
+            Some("the proxy or TLS settings refuse the request")
+        }
+        _ => None,
+    }
+}
+
 /// Every request is bounded: a server that accepts the connection but never answers
 /// costs at most `api` per attempt (plus the upload time of the body).
 #[derive(Debug, Clone, Copy)]
@@ -298,7 +315,8 @@ impl<'a> Hub<'a> {
     }
 
     /// One request with bounded retries: connection failures, timeouts and 5xx are
-    /// retried up to [`MAX_ATTEMPTS`] times; other 4xx than `allow` fail at once.
+    /// retried up to [`MAX_ATTEMPTS`] times, with a line on stderr before each retry;
+    /// 4xx other than `allow`, malformed URLs, unknown hosts and bad headers fail at once.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn call_ext(
         &self,
@@ -327,7 +345,15 @@ impl<'a> Hub<'a> {
         let mut last_error = String::new();
         for attempt in 1..=MAX_ATTEMPTS {
             if attempt > 1 {
-                std::thread::sleep(BACKOFF[(attempt - 2).min(BACKOFF.len() - 1)]);
+                let wait = BACKOFF[(attempt - 2).min(BACKOFF.len() - 1)];
+                // A line while waiting: a silent Hub costs up to a minute.
+                crate::note!(
+                    "the Hugging Face Hub at {} failed {what} ({last_error}); attempt {attempt} \
+                     of {MAX_ATTEMPTS} in {:.1}s",
+                    crate::sys::redact_url_credentials(self.endpoint),
+                    wait.as_secs_f64()
+                );
+                std::thread::sleep(wait);
             }
             let mut req = self
                 .agent
@@ -366,6 +392,12 @@ impl<'a> Hub<'a> {
                     return Err(self.client_error(what, code, &msg));
                 }
                 Err(ureq::Error::Transport(t)) => {
+                    if let Some(why) = not_the_network(t.kind()) {
+                        bail!(
+                            "{what}: {why} (HF_ENDPOINT is {})",
+                            crate::sys::redact_url_credentials(self.endpoint)
+                        );
+                    }
                     // Kind, message and causes; not the URL (storage URLs are signed).
                     let mut detail = t.kind().to_string();
                     if let Some(m) = t.message() {

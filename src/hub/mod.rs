@@ -62,8 +62,9 @@ const MAX_ATTEMPTS: usize = 3;
 /// Waits between attempts.
 const BACKOFF: [Duration; 2] = [Duration::from_millis(500), Duration::from_millis(1000)];
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
-/// Default limit on one API request (connect, send, wait, read), before retries.
-const API_TIMEOUT: Duration = Duration::from_secs(120);
+/// Default limit on one API request (connect, send, wait, read), before retries: three
+/// silent attempts fail within a minute (huggingface_hub waits 10 s).
+const API_TIMEOUT: Duration = Duration::from_secs(15);
 /// Overrides [`API_TIMEOUT`] (whole seconds); storage uploads get this plus the time
 /// their bytes need at [`MIN_UPLOAD_BYTES_PER_S`].
 pub const TIMEOUT_ENV: &str = "CONCORD_HUB_TIMEOUT";
@@ -85,6 +86,16 @@ impl HfToken {
         let t = token.into().trim().to_string();
         if t.is_empty() {
             bail!("the Hugging Face token is empty");
+        }
+        // An HTTP header cannot carry it; the Hub would never see it (nor should the
+        // network be blamed).
+        if t.chars()
+            .any(|c| c.is_whitespace() || c.is_control() || !c.is_ascii())
+        {
+            bail!(
+                "the Hugging Face token contains spaces, line breaks or non-ASCII characters: \
+                 copy it again from https://huggingface.co/settings/tokens"
+            );
         }
         Ok(HfToken(t))
     }
@@ -167,6 +178,24 @@ pub fn endpoint_from_env() -> String {
             .filter(|s| !s.trim().is_empty())
             .unwrap_or(DEFAULT_ENDPOINT),
     )
+}
+
+/// Refuses an endpoint no request could reach (a typo is not a network failure).
+fn check_endpoint(endpoint: &str) -> Result<()> {
+    let shown = crate::sys::redact_url_credentials(endpoint);
+    let rest = endpoint
+        .strip_prefix("https://")
+        .or_else(|| endpoint.strip_prefix("http://"))
+        .with_context(|| {
+            format!("HF_ENDPOINT `{shown}` is not a Hub URL: expected http:// or https://")
+        })?;
+    let authority = rest.split('/').next().unwrap_or_default();
+    let host = authority.rsplit('@').next().unwrap_or_default();
+    let bad = |c: char| c.is_whitespace() || c.is_control();
+    if host.is_empty() || host.starts_with(':') || endpoint.chars().any(bad) {
+        bail!("HF_ENDPOINT `{shown}` is not a Hub URL: it names no host, or has spaces");
+    }
+    Ok(())
 }
 
 fn normalize_endpoint(e: &str) -> String {
@@ -315,7 +344,7 @@ fn validate_repo_id(repo: &str) -> Result<()> {
 /// Reads the files to upload (writing the model card into the run dir first).
 /// Returns (path in repo, bytes), the model card last.
 fn collect_files(opts: &ExportOptions) -> Result<Vec<(String, Vec<u8>)>> {
-    let card = model_card(&opts.run_dir, &opts.repo)?;
+    let card = crate::sys::redact_url_credentials(&model_card(&opts.run_dir, &opts.repo)?);
     crate::atomic::atomic_write_bytes(&opts.run_dir.join("README.md"), card.as_bytes())?;
     let mut files = Vec::new();
     for name in RUN_FILES {
@@ -323,11 +352,21 @@ fn collect_files(opts: &ExportOptions) -> Result<Vec<(String, Vec<u8>)>> {
         if path.is_file() {
             let bytes =
                 std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
-            files.push((name.to_string(), bytes));
+            files.push((name.to_string(), public_text(name, bytes)));
         }
     }
     files.push(("README.md".to_string(), card.into_bytes()));
     Ok(files)
+}
+
+/// A text file as it may be published: the run's own copy keeps an `env.url`'s
+/// credentials (a resume needs them), the Hub gets `***` in their place.
+fn public_text(name: &str, bytes: Vec<u8>) -> Vec<u8> {
+    let text_file = [".toml", ".json", ".csv"].iter().any(|e| name.ends_with(e));
+    match std::str::from_utf8(&bytes) {
+        Ok(t) if text_file => crate::sys::redact_url_credentials(t).into_bytes(),
+        _ => bytes,
+    }
 }
 
 fn human_size(n: u64) -> String {
@@ -376,6 +415,7 @@ fn encode_segment(s: &str) -> String {
 pub fn export(opts: &ExportOptions, endpoint: &str, token: &HfToken) -> Result<ExportReport> {
     validate_options(opts)?;
     let endpoint = normalize_endpoint(endpoint);
+    check_endpoint(&endpoint)?;
     let files = collect_files(opts)?;
     let hub = Hub::new(&endpoint, token)?;
     let repo = opts.repo.as_str();
@@ -565,6 +605,44 @@ mod tests {
         );
     }
 
+    /// Issue #31, item 19: `env.url = "ws://user:secret@host"` stays in the run's
+    /// config (a resume needs it) but not in what is published.
+    #[test]
+    fn published_text_files_carry_no_url_credentials() {
+        let config = b"[env]\nurl = \"ws://user:secret@10.0.0.1:8000\"\n".to_vec();
+        let out = String::from_utf8(public_text("config.toml", config)).unwrap();
+        assert_eq!(out, "[env]\nurl = \"ws://***@10.0.0.1:8000\"\n");
+        let binary = b"\xffws://user:secret@h".to_vec();
+        assert_eq!(
+            public_text("adapter_model.safetensors", binary.clone()),
+            binary
+        );
+    }
+
+    #[test]
+    fn a_token_no_header_can_carry_is_refused() {
+        for bad in ["hf_a b", "hf_a\nb", "hf_\u{e9}t\u{e9}"] {
+            let e = HfToken::new(bad)
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default();
+            assert!(e.contains("token contains"), "{bad:?}: {e}");
+        }
+    }
+
+    /// Issue #31, item 14: a Hub that accepts connections and never answers fails
+    /// within a minute by default (it took 365 s with 120 s per attempt).
+    #[test]
+    fn a_silent_hub_fails_within_a_minute_by_default() {
+        let backoff: Duration = BACKOFF.iter().sum();
+        let worst = API_TIMEOUT * MAX_ATTEMPTS as u32 + backoff;
+        assert!(worst < Duration::from_secs(60), "{worst:?}");
+        assert!(
+            API_TIMEOUT >= Duration::from_secs(10),
+            "no shorter than huggingface_hub's"
+        );
+    }
+
     #[test]
     fn hub_token_resolution_order() {
         let dir = tempfile::tempdir().unwrap();
@@ -596,5 +674,17 @@ mod tests {
         );
         assert_eq!(hub_model_id("runs/.models/tiny"), None);
         assert_eq!(normalize_endpoint("http://x:1/ "), "http://x:1");
+        assert!(check_endpoint("http://x:1").is_ok());
+        assert!(check_endpoint("https://u:p@hub.example/api").is_ok());
+        for bad in [
+            "huggingface.co",
+            "ftp://x",
+            "http://",
+            "http://:80",
+            "http://a b",
+        ] {
+            let err = format!("{:#}", check_endpoint(bad).unwrap_err());
+            assert!(err.contains("HF_ENDPOINT"), "{bad}: {err}");
+        }
     }
 }

@@ -12,7 +12,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use anyhow::{anyhow, Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use minijinja::value::{Kwargs, Value, ValueKind};
 use minijinja::{Environment, Error as JinjaError, ErrorKind};
 
@@ -95,7 +95,36 @@ impl Tokenizer {
         };
         // transformers 5.x saves the template beside tokenizer_config.json; it wins.
         let template = jinja.or_else(|| template_from_config(&config));
-        Self::new(inner, &config, template, extra_eos)
+        let t = Self::new(inner, &config, template, extra_eos)?;
+        t.check_usable(tokenizer_json)?;
+        Ok(t)
+    }
+
+    /// Refuses a tokenizer no run could use (a truncated or placeholder tokenizer.json):
+    /// fewer ids than bytes, or one that cannot write back plain text and JSON.
+    fn check_usable(&self, file: &Path) -> Result<()> {
+        const PROBE: &str = "Deploy to PROD_B, then {\"commitment\": \"MONITOR\"} at 09:30!";
+        let n = self.vocab_size();
+        if n < 256 {
+            bail!(
+                "{}: the tokenizer has only {n} ids; a language model's has thousands (is \
+                 this the model's tokenizer.json?)",
+                file.display()
+            );
+        }
+        let back = self.encode(PROBE).and_then(|ids| self.decode(&ids));
+        let squeeze = |s: &str| s.split_whitespace().collect::<String>();
+        match back {
+            Ok(b) if squeeze(&b) == squeeze(PROBE) => Ok(()),
+            Ok(b) => bail!(
+                "{}: the tokenizer cannot write plain text: {PROBE:?} comes back as {b:?}",
+                file.display()
+            ),
+            Err(e) => Err(e.context(format!(
+                "{}: the tokenizer fails on plain text",
+                file.display()
+            ))),
+        }
     }
 
     /// Assemble from parts: a loaded tokenizer, tokenizer_config.json's JSON (or Null), a

@@ -299,9 +299,9 @@ fn append(path: &Path, text: &str) -> Result<()> {
         .append(true)
         .open(path)
         .with_context(|| format!("opening {}", path.display()))?;
-    f.write_all(text.as_bytes())?;
-    f.flush()?;
-    Ok(())
+    f.write_all(text.as_bytes())
+        .and_then(|()| f.flush())
+        .with_context(|| format!("appending to {}", path.display()))
 }
 
 /// Delete the logs of an earlier run in `run_dir` (a fresh run starts fresh logs).

@@ -7,11 +7,12 @@
 //! `GET /state` reads it, so `curl` alone can play an episode. Concurrent clients
 //! should use `/ws`, one session each. Bodies are parsed by hand so that a bad one gets
 //! FastAPI's 422 `{"detail": [...]}` and never a panic; `step` before `reset` or after
-//! the episode ended is 409.
+//! the episode ended is 409. Every error answer is JSON `{"detail": ...}`: a body over
+//! `--max-frame-bytes` is 413, one that does not arrive within the body timeout 408.
 use super::protocol::{parse_step_request, schemas, ErrorCode, ResetParams, WireError};
 use super::session::Session;
 use super::{mcp, ws, App};
-use axum::body::Bytes;
+use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -43,6 +44,33 @@ fn unprocessable(e: &WireError, loc: &[&str]) -> Response {
     (StatusCode::UNPROCESSABLE_ENTITY, Json(e.to_detail(loc))).into_response()
 }
 
+fn detail(status: StatusCode, msg: String) -> Response {
+    (status, Json(json!({ "detail": msg }))).into_response()
+}
+
+/// The whole body, bounded in size and in time: a client that stalls mid-upload gets
+/// 408 and frees its connection instead of holding it forever.
+async fn read_body(app: &App, body: Body) -> Result<Bytes, Response> {
+    let limit = app.max_frame_bytes;
+    let secs = app.body_timeout.as_secs_f64();
+    match tokio::time::timeout(app.body_timeout, axum::body::to_bytes(body, limit)).await {
+        Ok(Ok(b)) => Ok(b),
+        Err(_) => Err(detail(
+            StatusCode::REQUEST_TIMEOUT,
+            format!("the request body did not arrive within {secs} s"),
+        )),
+        // http-body-util's LengthLimitError, behind axum's Error
+        Ok(Err(e)) if format!("{e:#}").contains("length limit") => Err(detail(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("the request body exceeds {limit} bytes (concord serve --max-frame-bytes)"),
+        )),
+        Ok(Err(e)) => Err(detail(
+            StatusCode::BAD_REQUEST,
+            format!("reading the request body: {e}"),
+        )),
+    }
+}
+
 /// The body as JSON (an empty body is `default`).
 fn json_body(body: &Bytes, default: Value) -> Result<Value, WireError> {
     if body.iter().all(u8::is_ascii_whitespace) {
@@ -52,7 +80,11 @@ fn json_body(body: &Bytes, default: Value) -> Result<Value, WireError> {
         .map_err(|e| WireError::new(ErrorCode::InvalidJson, format!("JSON decode error: {e}")))
 }
 
-async fn reset(State(app): State<App>, body: Bytes) -> Response {
+async fn reset(State(app): State<App>, body: Body) -> Response {
+    let body = match read_body(&app, body).await {
+        Ok(b) => b,
+        Err(r) => return r,
+    };
     let v = match json_body(&body, json!({})) {
         Ok(v) => v,
         Err(e) => return unprocessable(&e, &["body"]),
@@ -71,7 +103,11 @@ async fn reset(State(app): State<App>, body: Bytes) -> Response {
     }
 }
 
-async fn step(State(app): State<App>, body: Bytes) -> Response {
+async fn step(State(app): State<App>, body: Body) -> Response {
+    let body = match read_body(&app, body).await {
+        Ok(b) => b,
+        Err(r) => return r,
+    };
     let v = match json_body(&body, Value::Null) {
         Ok(v) => v,
         Err(e) => return unprocessable(&e, &["body"]),
@@ -112,6 +148,9 @@ async fn schema(State(app): State<App>) -> Json<Value> {
     Json(schemas(app.factory.name()))
 }
 
-async fn mcp_post(State(app): State<App>, body: Bytes) -> Json<Value> {
-    Json(mcp::handle_text(&mut http_session(&app), &body))
+async fn mcp_post(State(app): State<App>, body: Body) -> Response {
+    match read_body(&app, body).await {
+        Ok(body) => Json(mcp::handle_text(&mut http_session(&app), &body)).into_response(),
+        Err(r) => r,
+    }
 }

@@ -48,8 +48,11 @@ pub struct ServeOptions {
     pub max_sessions: usize,
     /// A session with no frame for this long is closed (None: never).
     pub session_timeout: Option<Duration>,
-    /// Largest WebSocket frame accepted; a larger one ends its session.
+    /// Largest WebSocket frame accepted; a larger one ends its session. It also
+    /// bounds HTTP request bodies (413).
     pub max_frame_bytes: usize,
+    /// How long an HTTP request body may take to arrive (408 after that).
+    pub body_timeout: Duration,
 }
 
 impl ServeOptions {
@@ -62,6 +65,7 @@ impl ServeOptions {
             max_sessions: 64,
             session_timeout: Some(Duration::from_secs(300)),
             max_frame_bytes: 1 << 20,
+            body_timeout: Duration::from_secs(30),
         }
     }
 }
@@ -78,6 +82,7 @@ pub struct Shared {
     pub max_sessions: usize,
     pub idle: Option<Duration>,
     pub max_frame_bytes: usize,
+    pub body_timeout: Duration,
     /// The one HTTP session (see [`http`]).
     pub http: Mutex<session::Session>,
     /// Becomes true when the server shuts down.
@@ -210,6 +215,7 @@ async fn bind(opts: &ServeOptions) -> Result<(tokio::net::TcpListener, App, watc
         max_sessions: opts.max_sessions,
         idle: opts.session_timeout.filter(|d| !d.is_zero()),
         max_frame_bytes: opts.max_frame_bytes,
+        body_timeout: opts.body_timeout,
         shutdown: stop_rx,
         sessions: AtomicU64::new(0),
     }));

@@ -15,8 +15,23 @@ use axum::response::Response;
 use serde_json::{json, Value};
 use tracing::{debug, info, warn};
 
-/// WebSocket close code "going away" (server shutting down).
+/// WebSocket close codes (RFC 6455 section 7.4 and IANA's registry): every close the
+/// server starts says why, never 1005 "no status".
+const NORMAL: u16 = 1000;
+/// The server is shutting down.
 const GOING_AWAY: u16 = 1001;
+const PROTOCOL_ERROR: u16 = 1002;
+const TOO_BIG: u16 = 1009;
+/// At capacity.
+const TRY_AGAIN_LATER: u16 = 1013;
+
+async fn close(socket: &mut WebSocket, code: u16, reason: &str) {
+    let frame = CloseFrame {
+        code,
+        reason: reason.into(),
+    };
+    let _ = socket.send(Message::Close(Some(frame))).await;
+}
 
 pub async fn handler(ws: WebSocketUpgrade, State(app): State<App>) -> Response {
     ws.max_message_size(app.max_frame_bytes)
@@ -42,7 +57,7 @@ async fn session(mut socket: WebSocket, app: App) {
         frame["data"]["active_sessions"] = json!(app.max_sessions);
         frame["data"]["max_sessions"] = json!(app.max_sessions);
         let _ = send(&mut socket, &frame).await;
-        let _ = socket.send(Message::Close(None)).await;
+        close(&mut socket, TRY_AGAIN_LATER, "at capacity").await;
         return;
     };
     let id = app.next_session();
@@ -54,12 +69,7 @@ async fn session(mut socket: WebSocket, app: App) {
         let next = tokio::select! {
             r = recv(&mut socket, app.idle) => r,
             _ = stopped(&mut shutdown) => {
-                let _ = socket
-                    .send(Message::Close(Some(CloseFrame {
-                        code: GOING_AWAY,
-                        reason: "server shutting down".into(),
-                    })))
-                    .await;
+                close(&mut socket, GOING_AWAY, "server shutting down").await;
                 break "shutdown";
             }
         };
@@ -75,7 +85,7 @@ async fn session(mut socket: WebSocket, app: App) {
                     ),
                 );
                 let _ = send(&mut socket, &e.to_frame()).await;
-                let _ = socket.send(Message::Close(None)).await;
+                close(&mut socket, NORMAL, "idle timeout").await;
                 break "idle timeout";
             }
             Recv::Broken(err) => {
@@ -83,6 +93,14 @@ async fn session(mut socket: WebSocket, app: App) {
                 // connection cannot go on, but the client still gets the reason.
                 let e = WireError::new(ErrorCode::SessionError, format!("broken frame: {err}"));
                 let _ = send(&mut socket, &e.to_frame()).await;
+                // tungstenite's CapacityError::MessageTooLong, behind axum's Error
+                let too_big = err.to_string().contains("too long");
+                let (code, why) = if too_big {
+                    (TOO_BIG, "frame over --max-frame-bytes")
+                } else {
+                    (PROTOCOL_ERROR, "broken frame")
+                };
+                close(&mut socket, code, why).await;
                 break "broken frame";
             }
         };
@@ -107,7 +125,7 @@ async fn session(mut socket: WebSocket, app: App) {
                 }
             }
             None => {
-                let _ = socket.send(Message::Close(None)).await;
+                close(&mut socket, NORMAL, "closed").await;
                 break "close message";
             }
         }

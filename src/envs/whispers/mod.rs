@@ -96,6 +96,7 @@
 //! [`rubric`] scoring; [`parse`] parser; [`render`] prompts, transcript, describe;
 //! [`policies`] baseline policies (heuristic editor), baselines and bench.
 
+pub mod behaviour;
 pub mod compact;
 pub mod parse;
 pub mod policies;
@@ -459,6 +460,9 @@ impl Environment for Whispers {
         Some(self)
     }
     fn as_inspect(&self) -> Option<&dyn Inspect> {
+        Some(self)
+    }
+    fn as_behaviour(&self) -> Option<&dyn crate::envs::Behaviour> {
         Some(self)
     }
 }
