@@ -82,8 +82,11 @@ pub(crate) fn seconds(s: &str) -> Result<f64, String> {
 /// tokens, iterations), whose extreme values overflowed or ran for days.
 fn bounded(s: &str, lo: usize, hi: usize) -> Result<usize, String> {
     let n: usize = s.trim().parse().map_err(|e| format!("{e}"))?;
-    if !(lo..=hi).contains(&n) {
-        return Err(format!("must be in {lo}..={hi}"));
+    if n < lo {
+        return Err(format!("must be at least {lo}"));
+    }
+    if n > hi {
+        return Err(format!("must be at most {hi}"));
     }
     Ok(n)
 }

@@ -480,7 +480,33 @@ pub fn action_json(a: &Action, t: &Template) -> String {
             serde_json::json!({"tool": "publish", "final_report": m})
         }
     };
-    v.to_string()
+    tool_first(&v)
+}
+
+/// An action object as text with `tool` first, then its arguments in the order the
+/// prompts list them. serde_json sorts keys, which put `final_report`, `content` or
+/// `target_id` before the tool: a demonstration then chose its tool with its first
+/// key, unlike every example in the prompts, and a publication differed from a wait
+/// in one token that said nothing about the tool.
+fn tool_first(v: &Value) -> String {
+    const ORDER: [&str; 6] = [
+        "tool",
+        "target_id",
+        "content",
+        "confidence",
+        "claimed_source",
+        "final_report",
+    ];
+    let Value::Object(m) = v else {
+        return v.to_string();
+    };
+    let mut keys: Vec<&String> = m.keys().collect();
+    keys.sort_by_key(|k| ORDER.iter().position(|o| o == k).unwrap_or(ORDER.len()));
+    let fields: Vec<String> = keys
+        .into_iter()
+        .map(|k| format!("{}:{}", Value::from(k.as_str()), m[k.as_str()]))
+        .collect();
+    format!("{{{}}}", fields.join(","))
 }
 
 #[cfg(test)]
@@ -555,6 +581,7 @@ mod tests {
         ];
         for a in acts {
             let j = action_json(&a, t);
+            assert!(j.starts_with(r#"{"tool":""#), "{j}");
             assert_eq!(parse_action(&j, t), Ok(a.clone()), "{j}");
             let wrapped = format!("Sure! ```json\n{j}\n``` done");
             assert_eq!(parse_action(&wrapped, t), Ok(a), "{wrapped}");
