@@ -480,19 +480,21 @@ pub fn action_json(a: &Action, t: &Template) -> String {
             serde_json::json!({"tool": "publish", "final_report": m})
         }
     };
-    tool_first(&v)
+    in_prompt_order(&v, t)
 }
 
-/// An action object as text with `tool` first, then its arguments in the order the
-/// prompts list them. serde_json sorts keys, which put `final_report`, `content` or
-/// `target_id` before the tool: a demonstration then chose its tool with its first
-/// key, unlike every example in the prompts, and a publication differed from a wait
-/// in one token that said nothing about the tool.
-fn tool_first(v: &Value) -> String {
-    const ORDER: [&str; 6] = [
+/// An action object as text in the order the prompts write it: `tool` first, then its
+/// arguments, a report's fields in the template's order, each `value` before its
+/// `confidence`. serde_json sorts keys, which put `final_report`, `content` or
+/// `target_id` before the tool: a demonstration then chose its tool with its first key,
+/// unlike every example in the prompts, and a publication differed from a wait in one
+/// token that said nothing about the tool.
+fn in_prompt_order(v: &Value, t: &Template) -> String {
+    const ORDER: [&str; 7] = [
         "tool",
         "target_id",
         "content",
+        "value",
         "confidence",
         "claimed_source",
         "final_report",
@@ -500,11 +502,24 @@ fn tool_first(v: &Value) -> String {
     let Value::Object(m) = v else {
         return v.to_string();
     };
+    let rank = |k: &str| {
+        ORDER
+            .iter()
+            .chain(t.fields.iter())
+            .position(|o| *o == k)
+            .unwrap_or(usize::MAX)
+    };
     let mut keys: Vec<&String> = m.keys().collect();
-    keys.sort_by_key(|k| ORDER.iter().position(|o| o == k).unwrap_or(ORDER.len()));
+    keys.sort_by_key(|k| rank(k));
     let fields: Vec<String> = keys
         .into_iter()
-        .map(|k| format!("{}:{}", Value::from(k.as_str()), m[k.as_str()]))
+        .map(|k| {
+            format!(
+                "{}:{}",
+                Value::from(k.as_str()),
+                in_prompt_order(&m[k.as_str()], t)
+            )
+        })
         .collect();
     format!("{{{}}}", fields.join(","))
 }
@@ -582,6 +597,12 @@ mod tests {
         for a in acts {
             let j = action_json(&a, t);
             assert!(j.starts_with(r#"{"tool":""#), "{j}");
+            if let Action::Publish(_) = a {
+                let at = |k: &str| j.find(k).unwrap_or(usize::MAX);
+                assert!(at("location") < at("incident"), "{j}");
+                assert!(at("incident") < at("casualties"), "{j}");
+                assert!(at("\"value\"") < at("\"confidence\""), "{j}");
+            }
             assert_eq!(parse_action(&j, t), Ok(a.clone()), "{j}");
             let wrapped = format!("Sure! ```json\n{j}\n``` done");
             assert_eq!(parse_action(&wrapped, t), Ok(a), "{wrapped}");
