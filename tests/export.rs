@@ -76,6 +76,8 @@ struct State {
     violations: Vec<String>,
     /// Answer every API request with a 403 that echoes the Authorization header.
     deny: bool,
+    /// Answer every API request with this client error (401, 404, ...) when nonzero.
+    refuse: u16,
     /// Answer this many API requests with a 503 first.
     unavailable: usize,
 }
@@ -220,6 +222,10 @@ fn route(req: &Request, st: &mut State, base: &str) -> Answer {
         if st.unavailable > 0 {
             st.unavailable -= 1;
             return (503, vec![], json!({"error": "try later"}).to_string());
+        }
+        if st.refuse != 0 {
+            let status = st.refuse;
+            return (status, vec![], json!({"error": "refused"}).to_string());
         }
         if st.deny {
             let auth = req.header("authorization").unwrap_or("").to_string();
@@ -892,6 +898,33 @@ fn missing_adapter_is_refused() {
     assert!(!out.status.success(), "{all}");
     assert!(all.contains("adapter_model.safetensors"), "{all}");
     assert!(hub.state().requests.is_empty());
+}
+
+/// A 401, 403 or 404 is the request's fault, not the network's: one attempt, the status
+/// and what to do about it, and no "check your network" (issue #31, item 15).
+#[test]
+fn client_errors_are_not_retried_or_blamed_on_the_network() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = fake_run(dir.path());
+    let args = ["export", run.to_str().unwrap(), "--repo", "ivy/x"];
+    for (code, hint) in [
+        (401, "write access"),
+        (403, "write access"),
+        (404, "not found"),
+    ] {
+        let hub = FakeHub::with_state(State {
+            refuse: code,
+            ..State::default()
+        });
+        let (out, elapsed) = concord(&args, &hub.base, Some("hf_client"), dir.path());
+        let all = text(&out);
+        assert!(!out.status.success(), "{all}");
+        assert!(all.contains(&format!("HTTP {code}")), "{code}: {all}");
+        assert!(all.contains(hint), "{code}: {all}");
+        assert!(!all.contains("network"), "{code}: {all}");
+        assert_eq!(hub.state().requests.len(), 1, "{code}: retried");
+        assert!(elapsed < Duration::from_secs(15), "took {elapsed:?}");
+    }
 }
 
 #[test]

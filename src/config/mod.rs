@@ -1419,5 +1419,11 @@ mod tests {
         let e = apply_set(&mut t, "run.seed=99999999999999999999").unwrap_err();
         assert!(e.to_string().contains("run.seed") && e.to_string().contains("out of range"));
         apply_set(&mut t, "run.name=007x").unwrap();
+        // The same integer in a file names its line and key, not "invalid type".
+        let e = Config::from_toml_str("[run]\nsteps = 99999999999999999999\n", "big.toml", &[])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("big.toml") && e.contains("line 2"), "{e}");
+        assert!(e.contains("run.steps") && e.contains("too large"), "{e}");
     }
 }
