@@ -24,11 +24,35 @@ step.\nTools (parameters):\n\
 - request_verify (target_id, content): a neighbour confirms or denies\n\
 - accuse (target_id): name an adversary\n\
 - publish (final_report): editor only, ends the episode; a value and a confidence per field\n\
-content is field=value pairs separated by \";\"; a confidence is a number from 0 to 1. Answer \
-with one JSON object: \"tool\" and the tool's parameters.\n\
-Score: accuracy and calibration of the report per field, F1 of accusations, finishing early; \
-never pass on a false claim with confidence above 0.5.",
+content is field=value pairs separated by \";\"; a confidence is a number from 0 to 1.",
         );
+        if !self.rules.reasoned {
+            out.push_str(" Answer with one JSON object: \"tool\" and the tool's parameters.");
+        }
+        out.push_str(
+            "\nScore: accuracy and calibration of the report per field, F1 of accusations, \
+finishing early; never pass on a false claim with confidence above 0.5.",
+        );
+        if self.rules.reasoned {
+            out.push('\n');
+            out.push_str(REASONED_FORMAT);
+        }
+    }
+
+    /// The text of `seat`'s answer `a`: its JSON, after the working the heuristic reads
+    /// the state with when the prompt is `reasoned`.
+    pub(super) fn answer_text(&self, seat: usize, a: &super::rules::Action) -> String {
+        let json = super::parse::action_json(a, self.template());
+        if !self.rules.reasoned {
+            return json;
+        }
+        let b = self.beliefs(seat);
+        let mut work = format!("{{\"step\":{},\"heard\":\"", self.step + 1);
+        push_seats(&mut work, b.sources);
+        work.push_str("\",\"liars\":\"");
+        push_seats(&mut work, b.liars);
+        // Written by hand: the working must come before the tool (a JSON map sorts keys).
+        format!("{work}\",{}", &json[1..])
     }
 
     /// The compact user prompt of `seat` (appends to `out`).
@@ -106,8 +130,13 @@ never pass on a false claim with confidence above 0.5.",
     fn example_answer(&self, seat: usize, out: &mut String) {
         let t = self.template();
         let v = |f: usize| t.values[f][((self.seed >> (2 * f)) % 4) as usize];
+        if self.rules.reasoned {
+            out.push_str("{\"step\": 4, \"heard\": \"0, 3\", \"liars\": \"none\", ");
+        } else {
+            out.push('{');
+        }
         if self.role(seat) == Role::Editor {
-            out.push_str("{\"tool\": \"publish\", \"final_report\": {");
+            out.push_str("\"tool\": \"publish\", \"final_report\": {");
             for f in 0..FIELDS {
                 let _ = write!(
                     out,
@@ -122,17 +151,29 @@ never pass on a false claim with confidence above 0.5.",
         } else if let Some(n) = mask_seats(self.neighbours(seat)).next() {
             let _ = writeln!(
                 out,
-                "{{\"tool\": \"send_message\", \"target_id\": {n}, \"content\": \"{}={}; {}={}\", \"confidence\": 0.7}}",
+                "\"tool\": \"send_message\", \"target_id\": {n}, \"content\": \"{}={}; {}={}\", \"confidence\": 0.7}}",
                 t.fields[0],
                 v(0),
                 t.fields[1],
                 v(1)
             );
         } else {
-            out.push_str("{\"tool\": \"wait\"}\n");
+            out.push_str("\"tool\": \"wait\"}\n");
         }
     }
 }
+
+/// The reasoned answer format, at the end of the system prompt (shared by every
+/// decision, so it costs one prefill per batch). The rule is the heuristic's: what it
+/// reads is all on the page, and the working makes the model write it down before the
+/// tool.
+const REASONED_FORMAT: &str = "Answer with one JSON object: first \"step\", this step's number; \
+\"heard\", the agents whose first-hand reports you received and trust; \"liars\", the agents \
+that repeated an identical broadcast or that a fact-check contradicted (none if none); then \
+\"tool\" and the tool's parameters. An editor waits until a report has arrived and it is step \
+3 (step 4 in a task with adversaries), accuses each liar, fact-checks its least certain field \
+while fact-checks are left, asks a trusted neighbour to verify where the task scores it, then \
+publishes the values the trusted reports support, each at the confidence they give it.";
 
 fn push_seats(out: &mut String, mask: u16) {
     let mut any = false;
@@ -205,9 +246,12 @@ mod tests {
     /// The example answer is well formed for the seat: it parses and is legal now.
     #[test]
     fn the_example_answer_is_a_legal_action() {
-        for task in ["t1", "t3", "t4", "t6"] {
+        for (task, prompt) in [("t1", "compact"), ("t3", "reasoned"), ("t4", "reasoned")]
+            .into_iter()
+            .chain([("t6", "compact"), ("t5", "reasoned")])
+        {
             for seed in 0..4 {
-                let env = Whispers::new(rules(task, "compact"), seed);
+                let env = Whispers::new(rules(task, prompt), seed);
                 let seat = env.policy_seats()[0];
                 let mut ex = String::new();
                 env.example_answer(seat, &mut ex);
@@ -219,5 +263,55 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// `reasoned` answers write the step, the trusted sources and the liars the
+    /// heuristic's beliefs hold, then the heuristic's own action; and the rule the system
+    /// prompt states (an editor publishes only once it has heard a report and it is step
+    /// 3, or 4 with adversaries, unless it is the last step) is the one it plays.
+    #[test]
+    fn reasoned_answers_show_the_heuristics_working_then_its_action() {
+        let mut publishes = 0;
+        for task in ["t1", "t2", "t3", "t4", "t5", "t6"] {
+            for seed in 0..6 {
+                let mut env = Whispers::new(rules(task, "reasoned"), seed);
+                let mut plain = Whispers::new(rules(task, "compact"), seed);
+                let seat = env.policy_seats()[0];
+                assert!(text(&env, seat).contains("\"heard\", the agents"));
+                assert!(!text(&plain, seat).contains("\"heard\""));
+                while !env.done() {
+                    let b = env.beliefs(seat);
+                    let (mut heard, mut liars) = (String::new(), String::new());
+                    push_seats(&mut heard, b.sources);
+                    push_seats(&mut liars, b.liars);
+                    let step = env.step + 1;
+                    let a = env.continuation_action(seat);
+                    let want = format!(
+                        "{{\"step\":{step},\"heard\":\"{heard}\",\"liars\":\"{liars}\",\"tool\":"
+                    );
+                    assert!(a.starts_with(&want), "{a} vs {want}");
+                    let b_plain = plain.continuation_action(seat);
+                    assert_eq!(
+                        parse_action(&a, env.template()),
+                        parse_action(&b_plain, env.template()),
+                        "{a} vs {b_plain}"
+                    );
+                    if env.role(seat) == Role::Editor && a.contains("\"publish\"") {
+                        publishes += 1;
+                        let ready = if env.spec().adversary_mask() != 0 {
+                            4
+                        } else {
+                            3
+                        };
+                        let last = step as usize >= env.spec().max_steps as usize;
+                        let received = !text(&env, seat).contains("(nothing yet)");
+                        assert!(last || (step >= ready && received), "{task}: {a}");
+                    }
+                    env.step_texts(&[&a]).unwrap();
+                    plain.step_texts(&[&b_plain]).unwrap();
+                }
+            }
+        }
+        assert!(publishes >= 25, "{publishes}");
     }
 }

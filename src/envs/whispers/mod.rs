@@ -234,6 +234,9 @@ pub struct Rules {
     pub history: u8,
     /// Option `prompt`: the full prompt (default) or the compact one.
     pub compact: bool,
+    /// Option `prompt = "reasoned"`: the compact prompt, with answers that first write
+    /// what the heuristic reads (step, reports heard, liars), then the tool.
+    pub reasoned: bool,
 }
 
 impl Default for Rules {
@@ -247,6 +250,7 @@ impl Default for Rules {
             continuation: Policy::Heuristic,
             history: 24,
             compact: false,
+            reasoned: false,
         }
     }
 }
@@ -329,11 +333,13 @@ witness, relay, adversary, editor or a seat number 0..5, got `{other}`"
                     r.continuation = Policy::from_name(s)?;
                 }
                 "prompt" => {
-                    r.compact = match v.as_str() {
-                        Some("full") => false,
-                        Some("compact") => true,
+                    (r.compact, r.reasoned) = match v.as_str() {
+                        Some("full") => (false, false),
+                        Some("compact") => (true, false),
+                        Some("reasoned") => (true, true),
                         _ => anyhow::bail!(
-                            "whispers option `prompt` must be \"full\" or \"compact\", got {v}"
+                            "whispers option `prompt` must be \"full\", \"compact\" or \
+                             \"reasoned\", got {v}"
                         ),
                     }
                 }
@@ -521,13 +527,13 @@ impl Scripted for Whispers {
     fn continuation_action(&mut self, seat: usize) -> String {
         let seat = seat.min(self.seats() - 1);
         let a = self.policy_move(self.rules.continuation, seat);
-        action_json(&a, self.template())
+        self.answer_text(seat, &a)
     }
     fn policy_action(&mut self, policy: &str, seat: usize) -> anyhow::Result<String> {
         anyhow::ensure!(seat < self.seats(), "seat {seat} out of range");
         let p = Policy::from_name(policy)?;
         let a = self.policy_move(p, seat);
-        Ok(action_json(&a, self.template()))
+        Ok(self.answer_text(seat, &a))
     }
     fn seat_active(&self, seat: usize) -> bool {
         !self.done && seat < self.seats()

@@ -513,7 +513,8 @@ unused fact-check budget) plus the final value on the last step.\n\n",
         "Options: {} (current: task={}, seat={}, shaping={}, weights={}, win_threshold={}, \
 continuation={}, history={}, prompt={}).\n  task: t1..t6, \"all\" or a list (a pool: the task is drawn \
 per seed); seat: protagonist | witness | relay | adversary | editor | self_play | seat number; \
-prompt: full | compact (the same facts in about half the tokens, one example answer).",
+prompt: full | compact (the same facts in about half the tokens, one example answer) | \
+reasoned (compact; the answer first writes the step, the reports heard and the liars).",
         OPTION_KEYS.join(", "),
         rules.tasks.name(),
         rules.seat.name(),
@@ -526,7 +527,11 @@ prompt: full | compact (the same facts in about half the tokens, one example ans
         rules.win_threshold,
         rules.continuation.name(),
         rules.history,
-        if rules.compact { "compact" } else { "full" }
+        match (rules.compact, rules.reasoned) {
+            (_, true) => "reasoned",
+            (true, false) => "compact",
+            (false, false) => "full",
+        }
     );
     let _ = writeln!(
         s,
