@@ -568,6 +568,57 @@ fn parser_accepts_the_documented_forms() {
     assert!(!ok && r == 0.0 && fb.contains("no JSON object") && ep.step == 1 && !ep.done);
 }
 
+/// The keys of a JSON object's text, in the order written (serde_json's `Value` sorts them).
+fn keys_in_order(text: &str) -> Vec<String> {
+    let (mut keys, mut cur, mut in_str, mut esc) = (Vec::new(), String::new(), false, false);
+    let mut last: Option<String> = None;
+    for c in text.chars() {
+        if in_str {
+            match (esc, c) {
+                (false, '\\') => esc = true,
+                (false, '"') => {
+                    in_str = false;
+                    last = Some(std::mem::take(&mut cur));
+                }
+                _ => {
+                    esc = false;
+                    cur.push(c);
+                }
+            }
+        } else if c == '"' {
+            in_str = true;
+        } else if c == ':' {
+            keys.extend(last.take());
+        } else if !c.is_whitespace() {
+            last = None;
+        }
+    }
+    keys
+}
+
+#[test]
+fn scripted_actions_are_written_as_the_system_prompt_shows_them() {
+    use concord::envs::postmortem::{action_json, render::WRITER_SYSTEM};
+    let examples: Vec<&str> = WRITER_SYSTEM
+        .lines()
+        .filter(|l| l.starts_with("{\"action\""))
+        .collect();
+    assert_eq!(examples.len(), 6, "{WRITER_SYSTEM}");
+    for ex in examples {
+        let a = parse_action(ex).unwrap();
+        let ours = action_json(&a);
+        assert_eq!(keys_in_order(&ours), keys_in_order(ex), "{ours} vs {ex}");
+        assert_eq!(parse_action(&ours), Ok(a));
+    }
+    assert_eq!(
+        action_json(&Action::WriteSection {
+            section: 1,
+            content: "09:12 \"a\": b".into()
+        }),
+        r#"{"action":"WRITE_SECTION","section":"timeline","content":"09:12 \"a\": b"}"#
+    );
+}
+
 fn weird_text() -> impl Strategy<Value = String> {
     let actions = [
         "QUERY_LOGS",

@@ -111,30 +111,47 @@ REQUEST_REVIEW, REVISE_SECTION, SUBMIT",
     }
 }
 
-/// The action as the JSON text the parser reads back (policies speak through it).
+/// The action as the JSON text the parser reads back (policies speak through it). Keys
+/// come in the system prompt's order (`action`, then `section` before `content`, ...):
+/// demonstrations are what a small model copies, so they must not contradict the prompt.
 pub fn action_json(a: &Action) -> String {
     use super::scenario::hhmm;
-    let v = match a {
-        Action::QueryLogs { service, from, to } => serde_json::json!({
-            "action": "QUERY_LOGS", "service": service, "from": hhmm(*from), "to": hhmm(*to)
-        }),
-        Action::WriteSection { section, content } => serde_json::json!({
-            "action": "WRITE_SECTION", "section": SECTIONS[*section], "content": content
-        }),
-        Action::ReviseSection { section, content } => serde_json::json!({
-            "action": "REVISE_SECTION", "section": SECTIONS[*section], "content": content
-        }),
+    let s = |x: &str| Value::from(x);
+    let fields: Vec<(&str, Value)> = match a {
+        Action::QueryLogs { service, from, to } => vec![
+            ("action", s("QUERY_LOGS")),
+            ("service", s(service)),
+            ("from", s(&hhmm(*from))),
+            ("to", s(&hhmm(*to))),
+        ],
+        Action::WriteSection { section, content } => vec![
+            ("action", s("WRITE_SECTION")),
+            ("section", s(SECTIONS[*section])),
+            ("content", s(content)),
+        ],
+        Action::ReviseSection { section, content } => vec![
+            ("action", s("REVISE_SECTION")),
+            ("section", s(SECTIONS[*section])),
+            ("content", s(content)),
+        ],
         Action::AssignActionItem {
             description,
             owner,
             due,
-        } => serde_json::json!({
-            "action": "ASSIGN_ACTION_ITEM", "description": description, "owner": owner, "due": due
-        }),
-        Action::RequestReview => serde_json::json!({"action": "REQUEST_REVIEW"}),
-        Action::Submit => serde_json::json!({"action": "SUBMIT"}),
+        } => vec![
+            ("action", s("ASSIGN_ACTION_ITEM")),
+            ("description", s(description)),
+            ("owner", s(owner)),
+            ("due", s(due)),
+        ],
+        Action::RequestReview => vec![("action", s("REQUEST_REVIEW"))],
+        Action::Submit => vec![("action", s("SUBMIT"))],
     };
-    v.to_string()
+    let body: Vec<String> = fields
+        .iter()
+        .map(|(k, v)| format!("{}:{v}", Value::from(*k)))
+        .collect();
+    format!("{{{}}}", body.join(","))
 }
 
 /// The reviewer seat's answer: `{"critiques": ["evidence", ...]}` with ids from
