@@ -619,6 +619,79 @@ fn scripted_actions_are_written_as_the_system_prompt_shows_them() {
     );
 }
 
+/// The writer's STATUS sections as (name, state), in the order the prompt lists them.
+fn status_sections(prompt: &str) -> Vec<(String, String)> {
+    let line = prompt
+        .lines()
+        .skip_while(|l| !l.starts_with("STATUS "))
+        .nth(1)
+        .expect("a STATUS line and the sections under it");
+    line.split("  ")
+        .filter(|p| !p.trim().is_empty())
+        .map(|p| {
+            let (n, st) = p.split_once(": ").expect("name: state");
+            (n.trim().to_string(), st.trim().to_string())
+        })
+        .collect()
+}
+
+#[test]
+fn reasoned_answers_copy_the_sections_left_then_act_as_before() {
+    use concord::envs::postmortem::render::{writer_system, WRITER_SYSTEM};
+    use concord::envs::postmortem::scenario::SECTIONS;
+    use concord::envs::postmortem::Policy;
+    assert_eq!(writer_system(false), WRITER_SYSTEM);
+    let sys = writer_system(true);
+    let plain: Vec<&str> = WRITER_SYSTEM
+        .lines()
+        .filter(|l| l.starts_with("{\"action\""))
+        .collect();
+    let reasoned: Vec<&str> = sys.lines().filter(|l| l.starts_with("{\"todo\"")).collect();
+    assert_eq!(plain.len(), reasoned.len(), "{sys}");
+    for (p, r) in plain.iter().zip(&reasoned) {
+        assert_eq!(parse_action(p), parse_action(r), "{r}");
+    }
+    let mut writes = 0;
+    for level in LEVELS {
+        let fa = factory(&[("level", (*level).into())]);
+        let fb = factory(&[("level", (*level).into()), ("prompt", "reasoned".into())]);
+        for seed in 0..3u64 {
+            let (mut a, mut b) = (fa.episode(seed), fb.episode(seed));
+            let plain_status = status_sections(&a.user_prompt(0));
+            assert_eq!(
+                plain_status[0].0, "summary",
+                "the plain prompt is unchanged"
+            );
+            while !a.done {
+                let status = status_sections(&b.user_prompt(0));
+                let left: Vec<&str> = status
+                    .iter()
+                    .filter(|(_, st)| st != "valid")
+                    .map(|(n, _)| n.as_str())
+                    .collect();
+                let ta = policies::policy_text(&mut a, Policy::EvidenceBound, 0);
+                let tb = policies::policy_text(&mut b, Policy::EvidenceBound, 0);
+                let want = if left.is_empty() {
+                    "none".to_string()
+                } else {
+                    left.join(", ")
+                };
+                assert!(tb.starts_with(&format!("{{\"todo\":\"{want}\",")), "{tb}");
+                let act = parse_action(&tb);
+                assert_eq!(parse_action(&ta), act);
+                if let Ok(Action::WriteSection { section, .. }) = act {
+                    assert_eq!(SECTIONS[section], left[0], "{tb}");
+                    writes += 1;
+                }
+                a.writer_text(&ta);
+                b.writer_text(&tb);
+            }
+            assert!(b.done && close(a.current_grade().total, b.current_grade().total));
+        }
+    }
+    assert!(writes >= 5 * LEVELS.len() * 3, "{writes}");
+}
+
 fn weird_text() -> impl Strategy<Value = String> {
     let actions = [
         "QUERY_LOGS",
@@ -828,6 +901,7 @@ fn options_validate() {
         ("reward", "money".into()),
         ("continuation", "psychic".into()),
         ("win_threshold", 2.into()),
+        ("prompt", "poetic".into()),
     ] {
         let e = Rules::from_options(&opts(&[(k, v)]))
             .unwrap_err()

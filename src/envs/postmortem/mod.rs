@@ -90,6 +90,10 @@ pub struct Rules {
     pub shaping: bool,
     pub continuation: Policy,
     pub win_threshold: f64,
+    /// `prompt = "reasoned"`: the writer's status lists the sections in the order the
+    /// scripted writers work, and its answers start with `"todo"`, the sections not yet
+    /// valid, copied from that status (see [`policies::answer_text`]).
+    pub reasoned: bool,
 }
 
 impl Default for Rules {
@@ -103,12 +107,13 @@ impl Default for Rules {
             shaping: true,
             continuation: Policy::EvidenceBound,
             win_threshold: 0.7,
+            reasoned: false,
         }
     }
 }
 
 /// Every option key postmortem accepts.
-pub const OPTION_KEYS: [&str; 8] = [
+pub const OPTION_KEYS: [&str; 9] = [
     "level",
     "source",
     "files",
@@ -117,6 +122,7 @@ pub const OPTION_KEYS: [&str; 8] = [
     "shaping",
     "continuation",
     "win_threshold",
+    "prompt",
 ];
 
 fn strings(k: &str, v: &toml::Value) -> anyhow::Result<Vec<String>> {
@@ -197,6 +203,15 @@ impl Rules {
                         .ok_or_else(|| {
                             anyhow::anyhow!("postmortem option `win_threshold` must be a number in [0, 1], got {v}")
                         })?
+                }
+                "prompt" => {
+                    r.reasoned = match v.as_str() {
+                        Some("full") => false,
+                        Some("reasoned") => true,
+                        _ => anyhow::bail!(
+                            "postmortem option `prompt` must be \"full\" or \"reasoned\", got {v}"
+                        ),
+                    }
                 }
                 other => anyhow::bail!(
                     "unknown postmortem option `{other}`; known: {}",
@@ -319,9 +334,9 @@ impl Environment for Postmortem {
     }
     fn observation(&self, seat: usize) -> Vec<Message> {
         let sys = if seat == episode::REVIEWER {
-            render::REVIEWER_SYSTEM
+            render::REVIEWER_SYSTEM.to_string()
         } else {
-            render::WRITER_SYSTEM
+            render::writer_system(self.rules.reasoned)
         };
         vec![Message::system(sys), Message::user(self.user_prompt(seat))]
     }

@@ -76,7 +76,44 @@ pub fn policy_text(ep: &mut Postmortem, p: Policy, seat: usize) -> String {
     if seat == REVIEWER {
         return scripted_review_json(ep);
     }
-    action_json(&writer_move(ep, p))
+    let left = todo(ep);
+    let a = writer_move(ep, p);
+    answer_text(ep.rules.reasoned, &left, &a)
+}
+
+/// The order the informed writers fill the sections in: the timeline and the root cause
+/// first, because the summary and the impact restate them.
+pub const WORK_ORDER: [usize; 5] = [1, 2, 3, 0, 4];
+
+/// The sections not yet valid, in [`WORK_ORDER`]: what the reasoned status line shows
+/// as not `valid`, and what a reasoned answer copies before it acts.
+pub fn todo(ep: &Postmortem) -> Vec<&'static str> {
+    WORK_ORDER
+        .iter()
+        .filter(|&&s| !ep.section_valid(s))
+        .map(|&s| SECTIONS[s])
+        .collect()
+}
+
+/// A writer's answer: the action, or with `reasoned` the `todo` it was chosen from first
+/// (`"none"` when every section is valid). Small models fill sections in the order a
+/// prompt lists them whatever is already written; copying the list first makes the
+/// choice a lookup.
+pub fn answer_text(reasoned: bool, todo: &[&str], a: &Action) -> String {
+    let json = action_json(a);
+    if !reasoned {
+        return json;
+    }
+    let list = if todo.is_empty() {
+        "none".to_string()
+    } else {
+        todo.join(", ")
+    };
+    format!(
+        "{{\"todo\":{},{}",
+        serde_json::Value::from(list),
+        &json[1..]
+    )
 }
 
 /// Whether a found window revealed `time` (a log line within 3 minutes).
@@ -264,7 +301,7 @@ fn informed_move(ep: &mut Postmortem, all: bool, everything: bool) -> Action {
             }
         }
     }
-    for &s in &[1usize, 2, 3, 0, 4] {
+    for s in WORK_ORDER {
         if !ep.section_valid(s) {
             return Action::WriteSection {
                 section: s,

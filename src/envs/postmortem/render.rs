@@ -19,6 +19,34 @@ Rules: a query window is at most 30 minutes; only the right service and time win
 queries cost more each time. The timeline is one event per line starting with HH:MM. Owners must be known teams; due \
 dates YYYY-MM-DD within the deadline. Name the true root-cause service first; people in Slack can be wrong.";
 
+/// What `prompt = "reasoned"` adds to the writer's system prompt.
+pub const REASONED_RULE: &str = "Start every answer with \"todo\": the sections the STATUS line does not \
+show as valid, in its order, or \"none\". Write the first of them. With none left, assign action items \
+(owners from TEAMS), request a review once, then submit.";
+
+/// The writer's system prompt; with `reasoned`, every example answer starts with its
+/// `todo` (all five sections before any is written, `none` after) and the rule follows.
+pub fn writer_system(reasoned: bool) -> String {
+    if !reasoned {
+        return WRITER_SYSTEM.to_string();
+    }
+    let all = super::policies::WORK_ORDER.map(|s| SECTIONS[s]).join(", ");
+    let mut s: Vec<String> = WRITER_SYSTEM
+        .lines()
+        .map(|l| match l.strip_prefix("{\"action\": ") {
+            Some(rest) => {
+                let early =
+                    rest.starts_with("\"QUERY_LOGS\"") || rest.starts_with("\"WRITE_SECTION\"");
+                let todo = if early { all.as_str() } else { "none" };
+                format!("{{\"todo\": \"{todo}\", \"action\": {rest}")
+            }
+            None => l.to_string(),
+        })
+        .collect();
+    s.push(REASONED_RULE.to_string());
+    s.join("\n")
+}
+
 pub const REVIEWER_SYSTEM: &str = "You are a skeptical senior reviewer of incident post-mortems. Read the draft and \
 answer with one JSON object listing the critiques that apply, e.g. {\"critiques\": [\"evidence\", \"timeline\"]}.";
 
@@ -83,7 +111,13 @@ impl Postmortem {
             sc.limits.max_queries,
             self.reviews.len()
         );
-        for (i, name) in SECTIONS.iter().enumerate() {
+        let order = if self.rules.reasoned {
+            super::policies::WORK_ORDER
+        } else {
+            [0, 1, 2, 3, 4]
+        };
+        for i in order {
+            let name = SECTIONS[i];
             let st = match &self.sections[i] {
                 None => "unwritten",
                 Some(_) if self.section_valid(i) => "valid",
@@ -213,13 +247,15 @@ pub fn describe(rules: &super::Rules, scenarios: &[super::scenario::Scenario]) -
         "OPTIONS".into(),
         "  level (all|easy|medium|hard|expert|list), source (generated|fixed|mixed), files".into(),
         "  (scenario JSON paths replacing the embedded ones), reviewer (scripted|policy),".into(),
-        "  reward (grade|return), shaping (bool), continuation (policy), win_threshold.".into(),
+        "  reward (grade|return), shaping (bool), continuation (policy), win_threshold,".into(),
+        "  prompt (full|reasoned: answers start with \"todo\", the sections not yet valid).".into(),
         format!(
-            "NOW reviewer = {}, reward = {}, shaping = {}, continuation = {}",
+            "NOW reviewer = {}, reward = {}, shaping = {}, continuation = {}, prompt = {}",
             if rules.reviewer_policy { "policy" } else { "scripted" },
             if rules.reward_return { "return" } else { "grade" },
             rules.shaping,
-            rules.continuation.name()
+            rules.continuation.name(),
+            if rules.reasoned { "reasoned" } else { "full" }
         ),
     ];
     lines.join("\n")
