@@ -5,6 +5,9 @@
 //!   With an `eval_log.csv` (`[run] eval_every`), the held-out evaluations are drawn
 //!   over it: mean reward with 95% whiskers and win rate, per environment.
 //! * `components.png`: one line per reward component (`rewards/<c>/mean` columns).
+//! * `sft_curve.png` instead of both for an SFT run (`concord sft`, or a warm start's
+//!   `sft/` directory: a log with `loss` and no `reward`): loss and token accuracy per
+//!   step, with their rolling means.
 //! * `before_after.png`: base model vs adapter from `eval.json` (written by
 //!   `concord eval --compare`), grouped bars with 95% confidence whiskers.
 //! * `behaviour.png`: from the same `eval.json`, each model's action shares per
@@ -29,7 +32,8 @@ pub const PLOT_WIDTH: u32 = 1200;
 /// one or two environments), pixels.
 pub const PLOT_HEIGHT: u32 = 700;
 
-/// Draw `reward_curve.png` and `components.png` from `training_log.csv` and, when
+/// Draw `reward_curve.png` and `components.png` from `training_log.csv` (an SFT log,
+/// with `loss` and no `reward`: `sft_curve.png`) and, when
 /// `eval.json` holds both a `base` and an `adapter` model, `before_after.png`.
 /// Returns the written paths. A missing or malformed `eval.json` is an error; one
 /// without both models is skipped.
@@ -40,6 +44,16 @@ pub fn plot_run(run_dir: &Path, window: usize) -> Result<Vec<PathBuf>> {
     let held = read_eval_log(&run_dir.join(crate::run::log::EVAL_LOG))?;
     let name = run_name(run_dir);
     let mut written = Vec::new();
+
+    if log.column("reward").is_none() && log.column("loss").is_some() {
+        let p = run_dir.join("sft_curve.png");
+        write_png(&p, PLOT_WIDTH, PLOT_HEIGHT, |root| {
+            draw_sft_curve(root, &log, &name, window)
+        })?;
+        written.push(p);
+        written.extend(plot_eval(run_dir, &name)?);
+        return Ok(written);
+    }
 
     let p = run_dir.join("reward_curve.png");
     write_png(&p, PLOT_WIDTH, PLOT_HEIGHT, |root| {
@@ -52,7 +66,13 @@ pub fn plot_run(run_dir: &Path, window: usize) -> Result<Vec<PathBuf>> {
         draw_components(root, &log, &name, window)
     })?;
     written.push(p);
+    written.extend(plot_eval(run_dir, &name)?);
+    Ok(written)
+}
 
+/// `before_after.png` and `behaviour.png` from the run's `eval.json`, when it has them.
+fn plot_eval(run_dir: &Path, name: &str) -> Result<Vec<PathBuf>> {
+    let mut written = Vec::new();
     let eval_path = run_dir.join(EVAL_JSON);
     if eval_path.exists() {
         let report = EvalReport::read(&eval_path)?;
@@ -64,7 +84,7 @@ pub fn plot_run(run_dir: &Path, window: usize) -> Result<Vec<PathBuf>> {
                 let p = run_dir.join("before_after.png");
                 let h = before_after_height(envs.len());
                 write_png(&p, PLOT_WIDTH, h, |root| {
-                    draw_before_after(root, &report, base, adapter, &envs, &name)
+                    draw_before_after(root, &report, base, adapter, &envs, name)
                 })?;
                 written.push(p);
             }
@@ -74,7 +94,7 @@ pub fn plot_run(run_dir: &Path, window: usize) -> Result<Vec<PathBuf>> {
             let p = run_dir.join("behaviour.png");
             let h = 120 + 520 * behaviours.len() as u32;
             write_png(&p, PLOT_WIDTH, h, |root| {
-                draw_behaviour(root, &behaviours, &name)
+                draw_behaviour(root, &behaviours, name)
             })?;
             written.push(p);
         }
@@ -804,6 +824,59 @@ fn draw_reward_curve(
     entries.extend(draw_held_out(&mut chart, held)?);
     draw_legend(&legend_area, None, &entries)?;
     Ok(())
+}
+
+/// An SFT log: loss and mean token accuracy per step (points) with rolling means.
+fn draw_sft_curve(root: &Area, log: &TrainingLog, name: &str, window: usize) -> Result<()> {
+    let title =
+        format!("{name}: SFT loss and token accuracy (lines: rolling mean of {window} steps)");
+    let (chart_area, legend_area) = split_titled(root, &title)?;
+    let series: Vec<(&str, &[f64], RGBColor)> = [
+        ("loss", "loss", RGBColor(20, 60, 140)),
+        ("mean_token_accuracy", "accuracy", RGBColor(200, 110, 20)),
+    ]
+    .into_iter()
+    .filter_map(|(c, label, color)| Some((label, log.column(c)?, color)))
+    .collect();
+    let smooth: Vec<Vec<f64>> = series
+        .iter()
+        .map(|(_, v, _)| rolling_mean(v, window))
+        .collect();
+    let y = padded_range(
+        series
+            .iter()
+            .flat_map(|(_, v, _)| v.iter())
+            .chain(smooth.iter().flatten()),
+    );
+    let mut chart = step_chart(&chart_area, step_range(&log.steps), y, "value")?;
+    let mut entries = Vec::new();
+    for ((c, v, color), sm) in series.iter().zip(&smooth) {
+        let pts: Vec<(f64, f64)> = log
+            .steps
+            .iter()
+            .zip(v.iter())
+            .filter(|(_, y)| y.is_finite())
+            .map(|(x, y)| (*x, *y))
+            .collect();
+        let light = RGBColor(
+            ((color.0 as u16 + 2 * 255) / 3) as u8,
+            ((color.1 as u16 + 2 * 255) / 3) as u8,
+            ((color.2 as u16 + 2 * 255) / 3) as u8,
+        );
+        chart
+            .draw_series(pts.iter().map(|&p| Circle::new(p, 4, light.filled())))
+            .map_err(plot_err)?;
+        draw_rolling_mean(&mut chart, &log.steps, sm, *color, 3)?;
+        entries.push((c.to_string(), Mark::Line(*color, 3)));
+        entries.push((format!("{c} (one step)"), Mark::Dot(light)));
+    }
+    if series
+        .iter()
+        .all(|(_, v, _)| v.iter().all(|x| !x.is_finite()))
+    {
+        draw_no_data(&chart_area, "no finite loss in the log")?;
+    }
+    draw_legend(&legend_area, None, &entries)
 }
 
 fn draw_no_data(area: &Area, msg: &str) -> Result<()> {

@@ -234,3 +234,75 @@ fn parses_a_log_by_header_name() {
     );
     assert_eq!(log.skipped().iter().filter(|s| **s).count(), 1);
 }
+
+/// Pixels of exactly `rgb` in a PNG written by `concord plot`.
+fn pixels_of(path: &Path, rgb: [u8; 3]) -> usize {
+    let decoder = png::Decoder::new(std::fs::File::open(path).unwrap());
+    let mut reader = decoder.read_info().unwrap();
+    let mut buf = vec![0; reader.output_buffer_size()];
+    let info = reader.next_frame(&mut buf).unwrap();
+    let px = info.color_type.samples();
+    buf[..info.buffer_size()]
+        .chunks(px)
+        .filter(|p| p[..3] == rgb)
+        .count()
+}
+
+const LOSS_COLOR: [u8; 3] = [20, 60, 140];
+const ACCURACY_COLOR: [u8; 3] = [200, 110, 20];
+
+#[test]
+fn an_sft_run_plots_its_loss_and_token_accuracy() {
+    // The header `concord sft` writes; loss falls, accuracy rises.
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = String::from(
+        "step,epoch,loss,grad_norm,learning_rate,num_tokens,mean_token_accuracy,skipped,step_time,seconds\n",
+    );
+    for i in 1..=32 {
+        let t = f64::from(i);
+        s.push_str(&format!(
+            "{i},{},{},1.0,0.0002,{},{},0,45,{}\n",
+            t / 32.0,
+            2.5 * (-t / 10.0).exp() + 0.3,
+            i * 3700,
+            0.95 - 0.4 * (-t / 8.0).exp(),
+            t * 45.0
+        ));
+    }
+    std::fs::write(dir.path().join("training_log.csv"), s).unwrap();
+    std::fs::write(
+        dir.path().join("eval.json"),
+        serde_json::to_string(&eval_report(true)).unwrap(),
+    )
+    .unwrap();
+    let written = plot_run(dir.path(), 4).unwrap();
+    let names: Vec<String> = written
+        .iter()
+        .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(names, vec!["sft_curve.png", "before_after.png"]);
+    let png = dir.path().join("sft_curve.png");
+    assert_eq!(png_size(&png), (PLOT_WIDTH, PLOT_HEIGHT));
+    // Both curves are drawn across the chart, not only as legend marks.
+    assert!(
+        pixels_of(&png, LOSS_COLOR) > 1500,
+        "{}",
+        pixels_of(&png, LOSS_COLOR)
+    );
+    assert!(pixels_of(&png, ACCURACY_COLOR) > 1500);
+
+    // An SFT log with no finite value still plots, with a note and no curves.
+    std::fs::write(
+        dir.path().join("training_log.csv"),
+        "step,loss,mean_token_accuracy\n1,nan,nan\n2,,\n",
+    )
+    .unwrap();
+    std::fs::remove_file(dir.path().join("eval.json")).unwrap();
+    assert_eq!(plot_run(dir.path(), 4).unwrap().len(), 1);
+    assert!(pixels_of(&png, LOSS_COLOR) < 500);
+
+    // A log with neither a reward nor a loss names what it lacks.
+    std::fs::write(dir.path().join("training_log.csv"), "step,x\n1,2\n").unwrap();
+    let e = plot_run(dir.path(), 4).unwrap_err();
+    assert!(format!("{e:#}").contains("reward"), "{e:#}");
+}

@@ -44,7 +44,7 @@ pub enum Command {
     Eval(eval::EvalArgs),
     /// Benchmarks (`bench sample`, `bench train`, `bench grpo-step`, `bench serve`).
     Bench(bench::BenchArgs),
-    /// Draw reward_curve.png, components.png (and before_after.png after `eval --compare`) for a run directory.
+    /// Draw reward_curve.png, components.png (sft_curve.png for an SFT run; before_after.png after `eval --compare`) for a run directory.
     Plot(plot::PlotArgs),
     /// Serve an environment over the OpenEnv protocol (WebSocket /ws, HTTP, MCP).
     Serve(serve::ServeArgs),
