@@ -149,6 +149,39 @@ fn a_row_over_the_budget_is_an_error_with_the_numbers() {
     }
 }
 
+/// The 0.5B's estimator (the budget's numbers below are the real runs').
+fn qwen05(checkpointing: bool) -> TrainMemory {
+    let c = concord::model::qwen2::Qwen2Config::qwen25_05b();
+    TrainMemory::from_config(
+        &c,
+        candle_core::DType::F32,
+        Some(&concord::model::lora::LoraConfig::default()),
+        concord::model::qwen2::default_logprob_chunk(c.vocab_size),
+        checkpointing,
+    )
+}
+
+#[test]
+fn a_full_length_completion_over_the_budget_is_said_before_training() {
+    use concord::grpo::plan::long_row_warning;
+    use concord::model::budget::MemoryBudget;
+    // The Whispers episode run on the real 0.5B (15.15 GB budget): a 1,951-token
+    // trajectory was refused at about 24 GB, but only after five minutes of sampling;
+    // its decision-mode runs (160 tokens, 1.6-2.9 GB a row) trained.
+    let budget = MemoryBudget::resolve(Some(15.15), &Device::Cpu);
+    let w = long_row_warning(&qwen05(false), &budget, 4096).expect("4096 tokens warned");
+    assert!(w.contains("max_completion_length = 4096"), "{w}");
+    assert!(w.contains("gradient_checkpointing = true"), "{w}");
+    assert!(w.contains("15.15 GB ([optim] memory_budget_gb)"), "{w}");
+    assert_eq!(long_row_warning(&qwen05(false), &budget, 160), None);
+    assert_eq!(long_row_warning(&qwen05(true), &budget, 4096), None);
+    // Checkpointing already on: the advice is the other two levers only.
+    let small = MemoryBudget::resolve(Some(0.5), &Device::Cpu);
+    let w = long_row_warning(&qwen05(true), &small, 4096).expect("over 0.5 GB");
+    assert!(!w.contains("gradient_checkpointing"), "{w}");
+    assert!(w.contains("memory_budget_gb"), "{w}");
+}
+
 /// sum(logp * mask * advantage) of packed rows and its gradients, with the
 /// checkpointed backward finished when `ck` is given.
 fn grads(m: &Qwen2, p: &Packed, groups: Option<&[Range<usize>]>, ck: bool) -> GradStore {

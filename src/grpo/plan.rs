@@ -139,6 +139,43 @@ fn too_big(
     )
 }
 
+/// Why a stage may stop at its first long completion: one row of `max_completion`
+/// completion tokens (and no prompt, so a lower bound) needs more than `budget` to
+/// train. The planner finds out only after a step's sampling, which on a CPU can take
+/// minutes, so the trainer says it before the first step (`None`: it fits).
+pub fn long_row_warning(
+    mem: &TrainMemory,
+    budget: &MemoryBudget,
+    max_completion: usize,
+) -> Option<String> {
+    let shape = TrainShape::Packed {
+        rows: 1,
+        width: max_completion,
+        scored: max_completion,
+    };
+    let need = mem.estimate(shape).bytes();
+    if budget.fits(need) {
+        return None;
+    }
+    let advice = if mem.checkpointing() {
+        String::new()
+    } else {
+        format!(
+            "set [optim] gradient_checkpointing = true (about {}), ",
+            gb(mem.with_checkpointing(true).estimate(shape).bytes())
+        )
+    };
+    Some(format!(
+        "memory: a completion of grpo.max_completion_length = {max_completion} tokens \
+         would need about {} to train, over the budget of {}; a step that samples one \
+         stops with an error after its sampling. To avoid it, {advice}raise [optim] \
+         memory_budget_gb if the machine has the memory, or lower \
+         grpo.max_completion_length",
+        gb(need),
+        budget.describe()
+    ))
+}
+
 /// Cut the `active` rows of `rollouts` into micro-batches: at most `micro` rows each
 /// (0: no cap), each estimated to fit `budget`; with `share_prompt`, by prompt group.
 pub fn plan(

@@ -32,7 +32,7 @@ use crate::config::Config;
 use crate::curriculum::{total_steps, Stage};
 use crate::dist::Dist;
 use crate::envs::remote::ConnectionLost;
-use crate::model::budget::MemoryBudget;
+use crate::model::budget::{MemoryBudget, TrainMemory};
 use crate::model::qwen2::Qwen2;
 use crate::rng::mix_seeds as mix;
 use crate::run::checkpoint::{self, TrainerState};
@@ -715,11 +715,24 @@ fn check_resume_keys(cfg: &Config, run_dir: &Path) -> Result<()> {
 }
 
 /// Sizes against the model: every stage's completions fit `max_position_embeddings`
-/// and the generation batch's KV cache fits in memory.
+/// and the generation batch's KV cache fits in memory; a warning when a full-length
+/// completion could not be trained within the memory budget.
 fn check_sizes(cfg: &Config, stages: &[crate::curriculum::Stage], model: &Qwen2) -> Result<()> {
     let mc = model.config();
+    let mut warned = Vec::new();
     for st in stages {
         let g = &st.cfg.grpo;
+        let o = &st.cfg.optim;
+        if let Some(w) = super::plan::long_row_warning(
+            &TrainMemory::new(model, o.gradient_checkpointing),
+            &MemoryBudget::resolve(o.memory_budget_gb, model.device()),
+            g.max_completion_length,
+        ) {
+            if !warned.contains(&w) {
+                crate::note!("warning: {w}");
+                warned.push(w);
+            }
+        }
         crate::model::budget::check_sampling(
             mc,
             model.device(),
