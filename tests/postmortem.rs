@@ -639,9 +639,9 @@ fn status_sections(prompt: &str) -> Vec<(String, String)> {
 fn reasoned_answers_copy_the_sections_left_then_act_as_before() {
     use concord::envs::postmortem::render::{writer_system, WRITER_SYSTEM};
     use concord::envs::postmortem::scenario::SECTIONS;
-    use concord::envs::postmortem::Policy;
-    assert_eq!(writer_system(false), WRITER_SYSTEM);
-    let sys = writer_system(true);
+    use concord::envs::postmortem::{Policy, Prompt};
+    assert_eq!(writer_system(Prompt::Full), WRITER_SYSTEM);
+    let sys = writer_system(Prompt::Reasoned);
     let plain: Vec<&str> = WRITER_SYSTEM
         .lines()
         .filter(|l| l.starts_with("{\"action\""))
@@ -690,6 +690,116 @@ fn reasoned_answers_copy_the_sections_left_then_act_as_before() {
         }
     }
     assert!(writes >= 5 * LEVELS.len() * 3, "{writes}");
+}
+
+/// The STATUS line's review count.
+fn status_reviews(prompt: &str) -> usize {
+    let line = prompt
+        .lines()
+        .find(|l| l.starts_with("STATUS "))
+        .expect("STATUS");
+    let (_, n) = line.rsplit_once("| reviews ").expect("reviews");
+    n.trim().parse().expect("a count")
+}
+
+/// The checklist status's action-item line: (assigned, listed, next item).
+fn status_items(prompt: &str) -> (usize, usize, Option<String>) {
+    let line = prompt
+        .lines()
+        .find(|l| l.starts_with("action items: "))
+        .expect("an action items line");
+    let (counts, next) = match line.split_once(" | next item: ") {
+        Some((c, n)) => (c, Some(n.to_string())),
+        None => (line, None),
+    };
+    let words: Vec<&str> = counts.split_whitespace().collect();
+    // "action items: K assigned of N listed in action_items"
+    (words[2].parse().unwrap(), words[5].parse().unwrap(), next)
+}
+
+#[test]
+fn checklist_answers_go_on_past_the_sections_and_stop_where_the_teacher_does() {
+    use concord::envs::postmortem::render::writer_system;
+    use concord::envs::postmortem::scenario::SECTIONS;
+    use concord::envs::postmortem::{Policy, Prompt};
+    let sys = writer_system(Prompt::Checklist);
+    let examples: Vec<&str> = sys.lines().filter(|l| l.starts_with("{\"todo\"")).collect();
+    assert_eq!(examples.len(), 6, "{sys}");
+    for e in &examples {
+        assert!(parse_action(e).is_ok(), "{e}");
+    }
+    assert!(sys.contains("\"item 1 of 3, review\", \"action\": \"ASSIGN_ACTION_ITEM\""));
+    let (mut items, mut reviews, mut submits) = (0, 0, 0);
+    for level in LEVELS {
+        let fa = factory(&[("level", (*level).into())]);
+        let fb = factory(&[("level", (*level).into()), ("prompt", "checklist".into())]);
+        for seed in 0..3u64 {
+            let (mut a, mut b) = (fa.episode(seed), fb.episode(seed));
+            while !a.done {
+                let prompt = b.user_prompt(0);
+                let sections: Vec<String> = status_sections(&prompt)
+                    .into_iter()
+                    .filter(|(_, st)| st != "valid")
+                    .map(|(n, _)| n)
+                    .collect();
+                let (assigned, listed, next) = status_items(&prompt);
+                let ta = policies::policy_text(&mut a, Policy::EvidenceBound, 0);
+                let tb = policies::policy_text(&mut b, Policy::EvidenceBound, 0);
+                // The todo is read off the status alone.
+                let mut want = sections.clone();
+                if assigned < listed {
+                    want.push(format!("item {} of {listed}", assigned + 1));
+                    assert!(next.is_some(), "{prompt}");
+                }
+                if status_reviews(&prompt) == 0 {
+                    want.push("review".into());
+                }
+                let want = if want.is_empty() {
+                    "none".to_string()
+                } else {
+                    want.join(", ")
+                };
+                assert!(
+                    tb.starts_with(&format!("{{\"todo\":\"{want}\",")),
+                    "{tb}\n{prompt}"
+                );
+                let act = parse_action(&tb);
+                assert_eq!(
+                    parse_action(&ta),
+                    act,
+                    "the teacher acts as without the todo"
+                );
+                // ... and its action is the first entry.
+                match act {
+                    Ok(Action::WriteSection { ref section, .. }) => {
+                        assert_eq!(SECTIONS[*section], want.split(", ").next().unwrap())
+                    }
+                    Ok(Action::AssignActionItem {
+                        ref description, ..
+                    }) => {
+                        assert!(want.starts_with("item "), "{want}");
+                        assert_eq!(next.as_deref(), Some(description.as_str()));
+                        items += 1;
+                    }
+                    Ok(Action::RequestReview) => {
+                        assert_eq!(want, "review");
+                        reviews += 1;
+                    }
+                    Ok(Action::Submit) => {
+                        assert_eq!(want, "none");
+                        submits += 1;
+                    }
+                    _ => {}
+                }
+                a.writer_text(&ta);
+                b.writer_text(&tb);
+            }
+            assert!(b.done && close(a.current_grade().total, b.current_grade().total));
+        }
+    }
+    let episodes = LEVELS.len() * 3;
+    assert!(items >= 2 * episodes, "{items}");
+    assert_eq!((reviews, submits), (episodes, episodes));
 }
 
 fn weird_text() -> impl Strategy<Value = String> {

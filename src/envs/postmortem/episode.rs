@@ -118,6 +118,19 @@ impl Postmortem {
         Some(v)
     }
 
+    /// The action items the written action_items section lists: its non-empty lines,
+    /// bullet marks (`-`, `*`) trimmed, at most [`MAX_ITEMS`] (empty while unwritten).
+    pub fn listed_items(&self) -> Vec<&str> {
+        self.sections[4]
+            .as_deref()
+            .unwrap_or("")
+            .lines()
+            .map(|l| l.trim().trim_start_matches(['-', '*']).trim())
+            .filter(|l| !l.is_empty())
+            .take(MAX_ITEMS)
+            .collect()
+    }
+
     /// Whether section `i` is written and valid.
     pub fn section_valid(&self, i: usize) -> bool {
         self.sections[i]

@@ -90,10 +90,42 @@ pub struct Rules {
     pub shaping: bool,
     pub continuation: Policy,
     pub win_threshold: f64,
-    /// `prompt = "reasoned"`: the writer's status lists the sections in the order the
-    /// scripted writers work, and its answers start with `"todo"`, the sections not yet
-    /// valid, copied from that status (see [`policies::answer_text`]).
-    pub reasoned: bool,
+    /// The writer's prompt and answer form (`prompt` option).
+    pub prompt: Prompt,
+}
+
+/// The writer's prompt (`prompt` option).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Prompt {
+    /// The answer is the action alone.
+    Full,
+    /// The status lists the sections in the order the scripted writers work, and every
+    /// answer starts with `"todo"`, the sections not yet valid, copied from it (see
+    /// [`policies::answer_text`]).
+    Reasoned,
+    /// Reasoned, and the todo goes on past the sections: `item K of N` while the
+    /// action_items section lists more items than are assigned, then `review` until a
+    /// review is done; the status shows those counts and the next listed item. A
+    /// reasoned writer cannot see how many items its teacher assigns, so it never
+    /// stops assigning them (docs/runs/postmortem-0.5b).
+    Checklist,
+}
+
+/// `prompt` values.
+pub const PROMPTS: [(&str, Prompt); 3] = [
+    ("full", Prompt::Full),
+    ("reasoned", Prompt::Reasoned),
+    ("checklist", Prompt::Checklist),
+];
+
+impl Prompt {
+    /// Whether answers start with a `"todo"`.
+    pub fn reasoned(self) -> bool {
+        self != Prompt::Full
+    }
+    pub fn name(self) -> &'static str {
+        crate::envs::name_in(&PROMPTS, &self)
+    }
 }
 
 impl Default for Rules {
@@ -107,7 +139,7 @@ impl Default for Rules {
             shaping: true,
             continuation: Policy::EvidenceBound,
             win_threshold: 0.7,
-            reasoned: false,
+            prompt: Prompt::Full,
         }
     }
 }
@@ -205,13 +237,10 @@ impl Rules {
                         })?
                 }
                 "prompt" => {
-                    r.reasoned = match v.as_str() {
-                        Some("full") => false,
-                        Some("reasoned") => true,
-                        _ => anyhow::bail!(
-                            "postmortem option `prompt` must be \"full\" or \"reasoned\", got {v}"
-                        ),
-                    }
+                    let name = v.as_str().ok_or_else(|| {
+                        anyhow::anyhow!("postmortem option `prompt` must be a string, got {v}")
+                    })?;
+                    r.prompt = crate::envs::by_name(&PROMPTS, "postmortem option `prompt`", name)?;
                 }
                 other => anyhow::bail!(
                     "unknown postmortem option `{other}`; known: {}",
@@ -336,7 +365,7 @@ impl Environment for Postmortem {
         let sys = if seat == episode::REVIEWER {
             render::REVIEWER_SYSTEM.to_string()
         } else {
-            render::writer_system(self.rules.reasoned)
+            render::writer_system(self.rules.prompt)
         };
         vec![Message::system(sys), Message::user(self.user_prompt(seat))]
     }

@@ -22,6 +22,7 @@ use super::episode::{Postmortem, MAX_ITEMS, MAX_QUERY_MINUTES, REVIEWER};
 use super::grader::{self, Item};
 use super::parse::{action_json, Action};
 use super::scenario::{format_date, hhmm, parse_date, parse_hhmm, Scenario, SECTIONS};
+use super::Prompt;
 use crate::envs::tools::{measure, wilson_ci, BaselineRow, BenchResult};
 use rand::seq::SliceRandom;
 use rand::Rng;
@@ -76,9 +77,13 @@ pub fn policy_text(ep: &mut Postmortem, p: Policy, seat: usize) -> String {
     if seat == REVIEWER {
         return scripted_review_json(ep);
     }
-    let left = todo(ep);
+    let left = match ep.rules.prompt {
+        Prompt::Checklist => checklist(ep),
+        _ => todo(ep).into_iter().map(String::from).collect(),
+    };
     let a = writer_move(ep, p);
-    answer_text(ep.rules.reasoned, &left, &a)
+    let left: Vec<&str> = left.iter().map(String::as_str).collect();
+    answer_text(ep.rules.prompt.reasoned(), &left, &a)
 }
 
 /// The order the informed writers fill the sections in: the timeline and the root cause
@@ -93,6 +98,23 @@ pub fn todo(ep: &Postmortem) -> Vec<&'static str> {
         .filter(|&&s| !ep.section_valid(s))
         .map(|&s| SECTIONS[s])
         .collect()
+}
+
+/// The todo of `prompt = "checklist"`: [`todo`], then `item K of N` while the
+/// action_items section lists N items and K - 1 are assigned, then `review` until a
+/// review is done (`none` after that: submit). The informed writers' next action is
+/// always the first entry (a section, an item, a review), so the list is a stopping
+/// rule the writer can read off its own status.
+pub fn checklist(ep: &Postmortem) -> Vec<String> {
+    let mut left: Vec<String> = todo(ep).into_iter().map(String::from).collect();
+    let listed = ep.listed_items().len();
+    if ep.items.len() < listed {
+        left.push(format!("item {} of {listed}", ep.items.len() + 1));
+    }
+    if ep.reviews.is_empty() {
+        left.push("review".into());
+    }
+    left
 }
 
 /// A writer's answer: the action, or with `reasoned` the `todo` it was chosen from first

@@ -3,6 +3,7 @@
 use super::episode::{check_ids, Postmortem, MAX_QUERY_MINUTES, MAX_STEPS, REVIEWER};
 use super::grader::CHECKS;
 use super::scenario::SECTIONS;
+use super::Prompt;
 use std::fmt::Write;
 
 pub const WRITER_SYSTEM: &str = "You are the incident commander writing the post-mortem of a production incident. \
@@ -24,26 +25,46 @@ pub const REASONED_RULE: &str = "Start every answer with \"todo\": the sections 
 show as valid, in its order, or \"none\". Write the first of them. With none left, assign action items \
 (owners from TEAMS), request a review once, then submit.";
 
-/// The writer's system prompt; with `reasoned`, every example answer starts with its
-/// `todo` (all five sections before any is written, `none` after) and the rule follows.
-pub fn writer_system(reasoned: bool) -> String {
-    if !reasoned {
+/// What `prompt = "checklist"` adds to the writer's system prompt.
+pub const CHECKLIST_RULE: &str = "Start every answer with \"todo\": the sections the STATUS line does not \
+show as valid, in its order, then \"item K of N\" while fewer action items are assigned than the action_items \
+section lists (assign the STATUS line's next item, owner from TEAMS), then \"review\" until a review is done; \
+or \"none\". Do the first of them. With none left, submit.";
+
+/// The writer's system prompt. With a reasoned `prompt`, every example answer starts
+/// with the `todo` it would follow (all five sections before any is written; for the
+/// later actions `none`, or with `checklist` the entry the action does) and the rule
+/// follows.
+pub fn writer_system(prompt: Prompt) -> String {
+    if !prompt.reasoned() {
         return WRITER_SYSTEM.to_string();
     }
+    let checklist = prompt == Prompt::Checklist;
     let all = super::policies::WORK_ORDER.map(|s| SECTIONS[s]).join(", ");
     let mut s: Vec<String> = WRITER_SYSTEM
         .lines()
         .map(|l| match l.strip_prefix("{\"action\": ") {
             Some(rest) => {
-                let early =
-                    rest.starts_with("\"QUERY_LOGS\"") || rest.starts_with("\"WRITE_SECTION\"");
-                let todo = if early { all.as_str() } else { "none" };
+                let todo = match rest.split('"').nth(1).unwrap_or("") {
+                    "QUERY_LOGS" | "WRITE_SECTION" if checklist => format!("{all}, review"),
+                    "QUERY_LOGS" | "WRITE_SECTION" => all.clone(),
+                    "ASSIGN_ACTION_ITEM" if checklist => "item 1 of 3, review".into(),
+                    "REQUEST_REVIEW" if checklist => "review".into(),
+                    _ => "none".into(),
+                };
                 format!("{{\"todo\": \"{todo}\", \"action\": {rest}")
             }
             None => l.to_string(),
         })
         .collect();
-    s.push(REASONED_RULE.to_string());
+    s.push(
+        if checklist {
+            CHECKLIST_RULE
+        } else {
+            REASONED_RULE
+        }
+        .to_string(),
+    );
     s.join("\n")
 }
 
@@ -111,7 +132,7 @@ impl Postmortem {
             sc.limits.max_queries,
             self.reviews.len()
         );
-        let order = if self.rules.reasoned {
+        let order = if self.rules.prompt.reasoned() {
             super::policies::WORK_ORDER
         } else {
             [0, 1, 2, 3, 4]
@@ -125,7 +146,23 @@ impl Postmortem {
             };
             let _ = write!(s, "{name}: {st}  ");
         }
-        let _ = writeln!(s, "\naction items: {}", self.items.len());
+        if self.rules.prompt == Prompt::Checklist {
+            let listed = self.listed_items();
+            let _ = write!(
+                s,
+                "\naction items: {} assigned of {} listed in action_items",
+                self.items.len(),
+                listed.len()
+            );
+            match listed.get(self.items.len()) {
+                Some(next) => {
+                    let _ = writeln!(s, " | next item: {next}");
+                }
+                None => s.push('\n'),
+            }
+        } else {
+            let _ = writeln!(s, "\naction items: {}", self.items.len());
+        }
         if !self.evidence_seen.is_empty() {
             s.push_str("\nEVIDENCE FOUND\n");
             for l in &self.evidence_seen {
@@ -248,14 +285,15 @@ pub fn describe(rules: &super::Rules, scenarios: &[super::scenario::Scenario]) -
         "  level (all|easy|medium|hard|expert|list), source (generated|fixed|mixed), files".into(),
         "  (scenario JSON paths replacing the embedded ones), reviewer (scripted|policy),".into(),
         "  reward (grade|return), shaping (bool), continuation (policy), win_threshold,".into(),
-        "  prompt (full|reasoned: answers start with \"todo\", the sections not yet valid).".into(),
+        "  prompt (full|reasoned: answers start with \"todo\", the sections not yet valid;".into(),
+        "  checklist: reasoned, and the todo goes on with the listed action items and the review).".into(),
         format!(
             "NOW reviewer = {}, reward = {}, shaping = {}, continuation = {}, prompt = {}",
             if rules.reviewer_policy { "policy" } else { "scripted" },
             if rules.reward_return { "return" } else { "grade" },
             rules.shaping,
             rules.continuation.name(),
-            if rules.reasoned { "reasoned" } else { "full" }
+            rules.prompt.name()
         ),
     ];
     lines.join("\n")
