@@ -120,7 +120,21 @@ fn too_big(
     budget: &MemoryBudget,
 ) -> anyhow::Error {
     let need = mem.estimate(shape).bytes();
-    let advice = if mem.checkpointing() {
+    anyhow::anyhow!(
+        "memory: one sequence ({} prompt + {} completion tokens) needs about {} to train, \
+         over the budget of {}; {}",
+        row.prompt_ids.len(),
+        row.completion_ids.len(),
+        gb(need),
+        budget.describe(),
+        levers(mem, shape)
+    )
+}
+
+/// What lowers the memory of a row of `shape`: checkpointing (when off, with its
+/// estimate), the budget, the completion length.
+fn levers(mem: &TrainMemory, shape: TrainShape) -> String {
+    let checkpointing = if mem.checkpointing() {
         String::new()
     } else {
         format!(
@@ -128,14 +142,9 @@ fn too_big(
             gb(mem.with_checkpointing(true).estimate(shape).bytes())
         )
     };
-    anyhow::anyhow!(
-        "memory: one sequence ({} prompt + {} completion tokens) needs about {} to train, \
-         over the budget of {}; {advice}raise [optim] memory_budget_gb if the machine has \
-         the memory, or lower grpo.max_completion_length",
-        row.prompt_ids.len(),
-        row.completion_ids.len(),
-        gb(need),
-        budget.describe()
+    format!(
+        "{checkpointing}raise [optim] memory_budget_gb if the machine has the memory, or \
+         lower grpo.max_completion_length"
     )
 }
 
@@ -157,22 +166,13 @@ pub fn long_row_warning(
     if budget.fits(need) {
         return None;
     }
-    let advice = if mem.checkpointing() {
-        String::new()
-    } else {
-        format!(
-            "set [optim] gradient_checkpointing = true (about {}), ",
-            gb(mem.with_checkpointing(true).estimate(shape).bytes())
-        )
-    };
     Some(format!(
         "memory: a completion of grpo.max_completion_length = {max_completion} tokens \
          would need about {} to train, over the budget of {}; a step that samples one \
-         stops with an error after its sampling. To avoid it, {advice}raise [optim] \
-         memory_budget_gb if the machine has the memory, or lower \
-         grpo.max_completion_length",
+         stops with an error after its sampling. To avoid it, {}",
         gb(need),
-        budget.describe()
+        budget.describe(),
+        levers(mem, shape)
     ))
 }
 
