@@ -46,7 +46,7 @@ pub fn build(cfg: &Config) -> Result<Vec<Stage>> {
                     .with_max_turn_tokens(env.max_turn_tokens),
             )
         } else {
-            Box::new(EnvTask::new(&env.name, &env.options)?)
+            Box::new(EnvTask::new(&env.name, &env.options)?.continued_by(env.continue_with))
         };
         return Ok(vec![Stage {
             name: "main".into(),
@@ -69,11 +69,20 @@ pub fn build(cfg: &Config) -> Result<Vec<Stage>> {
                     EpisodeTask::new(&envs[0].0, &envs[0].2, env.shaped_rewards)?
                         .with_max_turn_tokens(env.max_turn_tokens),
                 ),
-                None => Box::new(MixtureTask::new(
-                    envs.into_iter()
-                        .map(|(name, w, opts)| Ok((EnvTask::new(&name, &opts)?, w)))
-                        .collect::<Result<Vec<_>>>()?,
-                )),
+                None => {
+                    let who = resolved
+                        .env
+                        .as_ref()
+                        .map(|e| e.continue_with)
+                        .unwrap_or_default();
+                    Box::new(MixtureTask::new(
+                        envs.into_iter()
+                            .map(|(name, w, opts)| {
+                                Ok((EnvTask::new(&name, &opts)?.continued_by(who), w))
+                            })
+                            .collect::<Result<Vec<_>>>()?,
+                    ))
+                }
             };
             Ok(Stage {
                 name: s.name.clone(),

@@ -303,6 +303,9 @@ pub struct ModelPolicy<'a> {
     /// Prompt tokens of all calls, and how many of them were not recomputed.
     pub prompt_tokens: usize,
     pub reused_tokens: usize,
+    /// Added to the episode index of every RNG stream: a caller that plays one block of
+    /// a larger set keys its streams by their place in the set.
+    pub first_episode: u64,
 }
 
 impl<'a> ModelPolicy<'a> {
@@ -321,6 +324,7 @@ impl<'a> ModelPolicy<'a> {
             kv_budget: kv_budget(),
             prompt_tokens: 0,
             reused_tokens: 0,
+            first_episode: 0,
         }
     }
 }
@@ -361,7 +365,10 @@ impl Policy for ModelPolicy<'_> {
                 .map(|(t, p)| GroupRequest {
                     prompt: p,
                     num: 1,
-                    stream_prompt: mix(mix(t.episode as u64, t.round), t.seat as u64) as usize,
+                    stream_prompt: mix(
+                        mix(self.first_episode + t.episode as u64, t.round),
+                        t.seat as u64,
+                    ) as usize,
                     first_sample: 0,
                 })
                 .collect();

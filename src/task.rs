@@ -7,7 +7,7 @@
 //! - [`episode::EpisodeTask`]: one registry environment in episode mode; each prompt is
 //!   one policy seat at the start of an episode, each completion a whole trajectory.
 //! - tests implement [`Task`] directly for toy rewards.
-use crate::config::Config;
+use crate::config::{Config, ContinueWith};
 use crate::envs::{self, EnvFactory, Reward};
 use crate::model::qwen2::Qwen2;
 use crate::rng::mix_seeds as mix;
@@ -52,6 +52,13 @@ pub trait Task {
     fn as_episodes(&self) -> Option<&dyn Episodes> {
         None
     }
+    /// Decision mode with `[env] continue_with = "model"`: the decision `prompt` is, whose
+    /// completions the model scores by playing on ([`envs::score_decisions_with`]);
+    /// `None` (default): [`Task::score`] scores them.
+    fn model_continued<'a>(&self, prompt: &'a TaskPrompt) -> Option<&'a envs::Decision> {
+        let _ = prompt;
+        None
+    }
 }
 
 /// A task whose completions are whole trajectories ([`episode::EpisodeTask`]).
@@ -89,13 +96,21 @@ pub struct Played {
 /// A registry environment: each prompt is one policy seat's decision.
 pub struct EnvTask {
     factory: Box<dyn EnvFactory>,
+    continue_with: ContinueWith,
 }
 
 impl EnvTask {
     pub fn new(name: &str, options: &envs::Options) -> Result<Self> {
         Ok(Self {
             factory: envs::create(name, options)?,
+            continue_with: ContinueWith::Scripted,
         })
+    }
+
+    /// Who plays each decision's episode to its end (`[env] continue_with`).
+    pub fn continued_by(mut self, who: ContinueWith) -> Self {
+        self.continue_with = who;
+        self
     }
 }
 
@@ -130,6 +145,12 @@ impl Task for EnvTask {
             .downcast_ref::<envs::Decision>()
             .context("prompt state is not an environment decision")?;
         Ok(envs::score_decision(d, &completion.text))
+    }
+    fn model_continued<'a>(&self, prompt: &'a TaskPrompt) -> Option<&'a envs::Decision> {
+        match self.continue_with {
+            ContinueWith::Model => prompt.state.downcast_ref::<envs::Decision>(),
+            ContinueWith::Scripted => None,
+        }
     }
 }
 
@@ -219,6 +240,14 @@ impl Task for MixtureTask {
             Some(t) => self.envs[t.env].0.name(),
             None => self.name(),
         }
+    }
+
+    fn model_continued<'a>(&self, prompt: &'a TaskPrompt) -> Option<&'a envs::Decision> {
+        if self.envs.len() == 1 {
+            return self.envs[0].0.model_continued(prompt);
+        }
+        let t = prompt.state.downcast_ref::<Tagged>()?;
+        self.envs[t.env].0.model_continued(&t.inner)
     }
 }
 

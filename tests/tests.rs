@@ -3,6 +3,7 @@
 //! process's peak memory). Run one area with `cargo test --test tests grpo_train::`.
 mod util;
 
+mod continuation;
 mod distributed;
 mod episode;
 mod eval;

@@ -558,9 +558,33 @@ pub struct EnvConfig {
     /// played as it is; 0: turns end only at a stop token or the completion budget).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub max_turn_tokens: usize,
+    /// Decision mode: who plays the rest of the episode after the decision, whose
+    /// reward scores it. `scripted` (default): the environment's continuation policy;
+    /// `model`: the model being trained, sampled as in training (an on-policy return,
+    /// played as `concord eval` plays, so a decision is worth what the model itself
+    /// makes of it; it costs the sampling of every continuation).
+    #[serde(default, skip_serializing_if = "ContinueWith::is_scripted")]
+    pub continue_with: ContinueWith,
     /// Free table, validated by the environment.
     #[serde(default)]
     pub options: toml::Table,
+}
+
+/// Who finishes a decision's episode (`[env] continue_with`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum ContinueWith {
+    /// The environment's continuation policy (deterministic, cheap).
+    #[default]
+    Scripted,
+    /// The model being trained.
+    Model,
+}
+
+impl ContinueWith {
+    pub fn is_scripted(&self) -> bool {
+        *self == ContinueWith::Scripted
+    }
 }
 
 /// What one completion is (`[env] mode`).
@@ -593,6 +617,7 @@ impl EnvConfig {
             mode: EnvMode::Decision,
             shaped_rewards: false,
             max_turn_tokens: 0,
+            continue_with: ContinueWith::Scripted,
             options,
         }
     }

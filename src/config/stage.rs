@@ -1,7 +1,7 @@
 //! The curriculum schema: `[[stage]]` tables, their validation, and how a stage's
 //! overrides resolve against the top-level config. The runtime side (building each
 //! stage's task) is [`crate::curriculum`].
-use super::{Config, EnvConfig, EnvMode};
+use super::{Config, ContinueWith, EnvConfig, EnvMode};
 use crate::envs::{self, Options};
 use anyhow::{anyhow, bail, Context, Result};
 use serde::{Deserialize, Serialize};
@@ -265,6 +265,10 @@ pub fn resolve_config(cfg: &Config, s: &StageSpec) -> Result<Config> {
         )
     });
     env.mode = mode;
+    if mode == EnvMode::Episode {
+        // `[env] continue_with` serves the run's decision stages.
+        env.continue_with = ContinueWith::Scripted;
+    }
     if mode == EnvMode::Decision {
         // `[env]`'s episode-only keys serve the run's episode stages.
         env.shaped_rewards = false;

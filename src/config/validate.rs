@@ -58,6 +58,20 @@ impl Config {
             .stages
             .iter()
             .any(|s| s.mode == Some(super::EnvMode::Episode));
+        let any_decision_stage = self
+            .stages
+            .iter()
+            .any(|s| s.mode == Some(super::EnvMode::Decision));
+        if self.env.as_ref().is_some_and(|e| {
+            e.is_episode() && !e.continue_with.is_scripted() && !any_decision_stage
+        }) {
+            return Err(err(
+                "env",
+                "continue_with",
+                "applies to mode = \"decision\" only (an episode is played by the model already)"
+                    .into(),
+            ));
+        }
         if self.env.as_ref().is_some_and(|e| e.is_episode()) {
             if self.grpo.dynamic_sampling {
                 return Err(err(

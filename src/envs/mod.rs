@@ -66,7 +66,9 @@
 //! and the continuation policy for the other policy seats, rolls to the end with the
 //! continuation policy and returns that seat's reward. [`score_joint`] does the same for
 //! several seats at once (self-play, where every seat's completion trains). Both need
-//! the [`Scripted`] capability.
+//! the [`Scripted`] capability. [`score_decisions_with`] plays the rest of each episode
+//! with a given policy instead (`[env] continue_with = "model"`: the model being
+//! trained, so a decision is worth what the model itself makes of it).
 //!
 //! # Whole-episode (multi-turn) training
 //! The core contract serves it: `reset(seed)`; then while `!done()`, for every seat in
@@ -92,8 +94,8 @@ pub mod whispers;
 
 pub use behaviour::{Behaviour, BehaviourSummary, DecisionRecord, DecisionView, Recorder};
 pub use rollout::{
-    eval_seed, play_episode, replay, sample_decision, score_decision, score_joint, training_seed,
-    Decision, HELD_OUT_BIT,
+    eval_seed, play_episode, replay, sample_decision, score_decision, score_decisions_with,
+    score_joint, training_seed, Decision, HELD_OUT_BIT,
 };
 pub use tools::{measure, wilson_ci, BaselineRow, BenchResult, Measured};
 

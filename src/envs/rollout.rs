@@ -228,22 +228,65 @@ pub fn score_decision(d: &Decision, completion: &str) -> Reward {
 pub fn score_joint(env: &dyn Environment, completions: &[(usize, &str)]) -> Vec<Reward> {
     let mut env = env.clone_box();
     if !env.done() {
-        let actions: Vec<String> = env
-            .to_act()
-            .into_iter()
-            .map(|s| match completions.iter().find(|(seat, _)| *seat == s) {
-                Some((_, text)) => text.to_string(),
-                None => env.continuation_action(s),
-            })
-            .collect();
-        if env.step(&actions).is_err() {
-            let mut r = Reward::default();
-            r.components.insert("error".into(), 1.0);
-            return completions.iter().map(|_| r.clone()).collect();
+        if !step_now(env.as_mut(), completions) {
+            return completions.iter().map(|_| step_error()).collect();
         }
         env.rollout();
     }
     completions.iter().map(|(s, _)| env.reward(*s)).collect()
+}
+
+/// Step `env` once with the given completions for their seats and the continuation
+/// policy for the other acting seats; false if the step failed.
+fn step_now(env: &mut dyn Environment, completions: &[(usize, &str)]) -> bool {
+    let actions: Vec<String> = env
+        .to_act()
+        .into_iter()
+        .map(|s| match completions.iter().find(|(seat, _)| *seat == s) {
+            Some((_, text)) => text.to_string(),
+            None => env.continuation_action(s),
+        })
+        .collect();
+    env.step(&actions).is_ok()
+}
+
+/// The reward of a decision whose step failed (a malformed call).
+fn step_error() -> Reward {
+    let mut r = Reward::default();
+    r.components.insert("error".into(), 1.0);
+    r
+}
+
+/// [`score_decision`] of many decisions, with `policy` instead of the continuation
+/// policy for the rest of each episode: each completion is played for its decision's
+/// seat now (the continuation policy for the other seats acting this round), then
+/// `policy` plays every policy seat of every episode, all episodes side by side through
+/// [`play`], until each is done. With the model being trained as `policy`, a decision
+/// is scored by what the model itself does afterwards (an on-policy return), not by
+/// what a scripted player would make of it.
+pub fn score_decisions_with(
+    items: &[(&Decision, &str)],
+    policy: &mut dyn Policy,
+) -> Result<Vec<Reward>> {
+    let mut envs: Vec<Option<Box<dyn Environment>>> = items
+        .iter()
+        .map(|(d, text)| {
+            let mut env = d.env.clone_box();
+            (env.done() || step_now(env.as_mut(), &[(d.seat, text)])).then_some(env)
+        })
+        .collect();
+    let mut live: Vec<&mut dyn Environment> = envs
+        .iter_mut()
+        .flatten()
+        .map(|e| -> &mut dyn Environment { e.as_mut() })
+        .collect();
+    play(&mut live, policy, MAX_ROUNDS)?;
+    drop(live);
+    Ok(envs
+        .iter()
+        .zip(items)
+        .map(|(env, (d, _))| env.as_ref().map_or_else(step_error, |e| e.reward(d.seat)))
+        .collect())
 }
 
 /// Episode seeds with this bit set are held out for evaluation: training draws its

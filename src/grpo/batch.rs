@@ -16,9 +16,11 @@ use super::advantage::{
 use super::pack::Rollout;
 use crate::config::{GrpoConfig, MultiObjectiveAggregation};
 use crate::dist::Dist;
+use crate::envs::{score_decisions_with, Decision, Reward};
+use crate::eval::ModelPolicy;
 use crate::model::qwen2::Qwen2;
 use crate::rng::mix_seeds as mix;
-use crate::sample::{self, ChooseOn, FinishReason, GroupRequest};
+use crate::sample::{self, ChooseOn, Completion, FinishReason, GroupRequest, SamplingParams};
 use crate::task::{Episodes, Renderer, Task, TaskPrompt};
 use anyhow::{bail, Context, Result};
 use std::time::Instant;
@@ -204,17 +206,30 @@ fn draw_decisions(
     drop(requests);
     timing.sample += t.elapsed().as_secs_f64();
     let t = Instant::now();
+    if let Some(pi) = samples.iter().position(|c| c.len() != gsize) {
+        bail!(
+            "sampler returned {} completions for prompt {pi}, expected {gsize}",
+            samples[pi].len()
+        );
+    }
+    // continuations sample on streams of their own
+    let cont = g.sampling_params(renderer.stop_ids(), mix(seed, 2));
+    let first_episode = (first * gsize) as u64;
+    let rewards = score(
+        model,
+        renderer,
+        task,
+        &prompts,
+        &samples,
+        &cont,
+        first_episode,
+    )?;
     let mut groups = Vec::with_capacity(prompts.len());
-    for (pi, (prompt, comps)) in prompts.into_iter().zip(samples).enumerate() {
-        if comps.len() != gsize {
-            bail!(
-                "sampler returned {} completions for prompt {pi}, expected {gsize}",
-                comps.len()
-            );
-        }
+    for (pi, ((prompt, comps), rewards)) in
+        prompts.into_iter().zip(samples).zip(rewards).enumerate()
+    {
         let mut rollouts = Vec::with_capacity(gsize);
-        for c in comps {
-            let reward = task.score(&prompt, &c)?;
+        for (c, reward) in comps.into_iter().zip(rewards) {
             let scalar = weighted_reward(&reward.components, reward.scalar, &g.reward_weights);
             rollouts.push(Rollout {
                 group: first + pi,
@@ -239,6 +254,54 @@ fn draw_decisions(
     timing.score += t.elapsed().as_secs_f64();
     Ok(groups)
 }
+
+/// The reward of every completion of every prompt: [`Task::score`], or, where the task
+/// has the model continue its decisions (`[env] continue_with = "model"`), the model
+/// playing each completion's episode to its end as `concord eval` plays it, every
+/// continuation of the draw side by side. Continuation `k` of the draw samples from
+/// the streams of episode `first_episode + k`, with `params`' seed.
+fn score(
+    model: &Qwen2,
+    renderer: &dyn Renderer,
+    task: &dyn Task,
+    prompts: &[TaskPrompt],
+    samples: &[Vec<Completion>],
+    params: &SamplingParams,
+    first_episode: u64,
+) -> Result<Vec<Vec<Reward>>> {
+    let mut out: Vec<Vec<Reward>> = Vec::with_capacity(prompts.len());
+    let mut continued: Vec<(&Decision, &str)> = Vec::new();
+    let mut at: Vec<(usize, usize)> = Vec::new();
+    for (pi, (prompt, comps)) in prompts.iter().zip(samples).enumerate() {
+        match task.model_continued(prompt) {
+            Some(d) => {
+                out.push(vec![Reward::default(); comps.len()]);
+                for (j, c) in comps.iter().enumerate() {
+                    continued.push((d, c.text.as_str()));
+                    at.push((pi, j));
+                }
+            }
+            None => out.push(
+                comps
+                    .iter()
+                    .map(|c| task.score(prompt, c))
+                    .collect::<Result<_>>()?,
+            ),
+        }
+    }
+    if !continued.is_empty() {
+        let mut policy = ModelPolicy::new(model, renderer, params, CONTINUATION_BATCH);
+        policy.first_episode = first_episode;
+        let rewards = score_decisions_with(&continued, &mut policy)?;
+        for ((pi, j), r) in at.into_iter().zip(rewards) {
+            out[pi][j] = r;
+        }
+    }
+    Ok(out)
+}
+
+/// Continuation prompts sampled together (as `concord eval --batch`'s default).
+const CONTINUATION_BATCH: usize = 32;
 
 /// Episode mode: play G whole episodes from each prompt's start state (see
 /// [`crate::task::episode`]); each seat's trajectory is one rollout of its prompt.
