@@ -4,7 +4,7 @@
 use candle_core::{DType, Device, Tensor};
 use concord::grpo::pack::{pack, Rollout};
 use concord::model::lora::LoraConfig;
-use concord::model::qwen2::{random_weights, Mode, Qwen2, Qwen2Config};
+use concord::model::qwen2::{random_weights, Checkpoints, Mode, Qwen2, Qwen2Config};
 use concord::sft::data::parse_jsonl;
 use concord::sft::loss::sft_loss;
 use concord::sft::trainer::{micro_step, micro_step_shared};
@@ -85,7 +85,7 @@ fn sft_loss_matches_hand_computation_and_only_completion_tokens_count() {
     let packed = pack(&[&ra, &rb], 0, false).unwrap();
     // Exactly the completion tokens are masked in.
     assert_eq!(packed.mask.iter().sum::<f32>(), 5.0);
-    let (loss, hits) = micro_step(&m, &packed, 5.0, Mode::Grad).unwrap();
+    let (loss, hits) = micro_step(&m, &packed, 5.0, Mode::Grad, None).unwrap();
     let loss = loss.to_scalar::<f32>().unwrap() as f64;
 
     let la = full_logprobs(&m, &[a_p.clone(), a_c.clone()].concat());
@@ -108,11 +108,11 @@ fn sft_loss_matches_hand_computation_and_only_completion_tokens_count() {
     assert_eq!(p2.attention[pad_col], 0);
     p2.ids[pad_col] = 13;
     p2.targets[2] = 13;
-    let (l2, _) = micro_step(&m, &p2, 5.0, Mode::Grad).unwrap();
+    let (l2, _) = micro_step(&m, &p2, 5.0, Mode::Grad, None).unwrap();
     assert!((l2.to_scalar::<f32>().unwrap() as f64 - loss).abs() < 1e-6);
 
     // The gradient reaches the LoRA B matrices (they start at zero).
-    let grads = micro_step(&m, &packed, 5.0, Mode::Grad)
+    let grads = micro_step(&m, &packed, 5.0, Mode::Grad, None)
         .unwrap()
         .0
         .backward()
@@ -148,8 +148,8 @@ fn shared_prefix_micro_step_equals_the_packed_one() {
         row(&with(&[12, 13, 14, 15, 16]), &[17]),
     ];
     let refs: Vec<&Rollout> = rows.iter().collect();
-    let (lp, hp) = micro_step(&m, &pack(&refs, 0, false).unwrap(), 6.0, Mode::Grad).unwrap();
-    let (ls, hs) = micro_step_shared(&m, &refs, 0, 6.0, Mode::Grad)
+    let (lp, hp) = micro_step(&m, &pack(&refs, 0, false).unwrap(), 6.0, Mode::Grad, None).unwrap();
+    let (ls, hs) = micro_step_shared(&m, &refs, 0, 6.0, Mode::Grad, None)
         .unwrap()
         .expect("18 shared tokens");
     let (a, b) = (
@@ -171,12 +171,73 @@ fn shared_prefix_micro_step_equals_the_packed_one() {
     // Too short a common prefix (or one row) falls back to the packed forward.
     let short = [row(&[1, 2, 3], &[4]), row(&[1, 2, 5], &[6])];
     let short: Vec<&Rollout> = short.iter().collect();
-    assert!(micro_step_shared(&m, &short, 0, 2.0, Mode::Grad)
+    assert!(micro_step_shared(&m, &short, 0, 2.0, Mode::Grad, None)
         .unwrap()
         .is_none());
-    assert!(micro_step_shared(&m, &refs[..1], 0, 2.0, Mode::Grad)
+    assert!(micro_step_shared(&m, &refs[..1], 0, 2.0, Mode::Grad, None)
         .unwrap()
         .is_none());
+}
+
+/// Activation checkpointing recomputes the layers in the backward: the packed and the
+/// shared-prefix micro-steps give the same loss and every LoRA gradient as without it.
+#[test]
+fn checkpointed_micro_steps_equal_the_plain_ones() {
+    let m = model();
+    for (i, (_, v)) in m.lora_vars().iter().enumerate() {
+        let t = v.as_tensor();
+        let vals: Vec<f32> = (0..t.elem_count())
+            .map(|k| 0.05 * (((k * 5 + i * 3) % 13) as f32 - 6.0) / 6.0)
+            .collect();
+        v.set(&Tensor::from_vec(vals, t.shape(), t.device()).unwrap())
+            .unwrap();
+    }
+    let sys: Vec<u32> = (0..18).map(|i| (i * 7 + 2) % 31 + 1).collect();
+    let with = |tail: &[u32]| -> Vec<u32> { sys.iter().chain(tail).copied().collect() };
+    let rows = [
+        row(&with(&[4, 9, 2]), &[5, 6]),
+        row(&with(&[7]), &[9, 10, 11]),
+    ];
+    let refs: Vec<&Rollout> = rows.iter().collect();
+    let packed = pack(&refs, 0, false).unwrap();
+    let grads_of = |shared: bool, ck: bool| {
+        let c = ck.then(Checkpoints::new);
+        let (l, _) = match shared {
+            true => micro_step_shared(&m, &refs, 0, 5.0, Mode::Grad, c.as_ref())
+                .unwrap()
+                .unwrap(),
+            false => micro_step(&m, &packed, 5.0, Mode::Grad, c.as_ref()).unwrap(),
+        };
+        let loss = l.to_scalar::<f32>().unwrap();
+        let mut g = l.backward().unwrap();
+        if let Some(c) = &c {
+            // the layers were checkpointed: their LoRA gradients come from the recompute
+            let missing = m
+                .lora_vars()
+                .iter()
+                .filter(|(_, v)| g.get(v.as_tensor()).is_none())
+                .count();
+            assert!(missing > 0, "shared {shared}: nothing was checkpointed");
+            c.backward(&m, &mut g).unwrap();
+        }
+        (loss, g)
+    };
+    for shared in [false, true] {
+        let (a, ga) = grads_of(shared, false);
+        let (b, gb) = grads_of(shared, true);
+        assert!((a - b).abs() < 1e-6, "shared {shared}: loss {a} vs {b}");
+        for (name, v) in m.lora_vars() {
+            let x = ga.get(v.as_tensor()).unwrap();
+            let y = gb
+                .get(v.as_tensor())
+                .unwrap_or_else(|| panic!("shared {shared}: no gradient for {name}"));
+            let diff = crate::util::max_abs(&(x - y).unwrap());
+            assert!(
+                diff < 1e-5 * crate::util::max_abs(x).max(1.0),
+                "shared {shared}, {name}: {diff}"
+            );
+        }
+    }
 }
 
 #[test]
@@ -419,4 +480,95 @@ fn sft_splits_micro_batches_to_the_memory_budget_with_the_same_log() {
             assert!((x - y).abs() <= 1e-5 * (1.0 + x.abs()), "{c}: {x} vs {y}");
         }
     }
+}
+
+/// `[optim] gradient_checkpointing` serves SFT too: the same log as without it. A
+/// demonstration that does not fit the memory budget alone stops the run before its
+/// first step, naming the demonstration and what to change, with no step logged.
+#[test]
+fn sft_checkpoints_layers_and_checks_every_demonstration_before_step_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("demos.jsonl");
+    let lines: Vec<String> = (0..4)
+        .map(|i| {
+            format!(
+                r#"{{"messages":[{{"role":"user","content":"Which server, {i}?"}}],"completion":"DEPLOY_PROD_{}"}}"#,
+                ["A", "B"][i % 2]
+            )
+        })
+        .collect();
+    std::fs::write(&data, lines.join("\n")).unwrap();
+    let run = |name: &str, extra: &str| {
+        let cfg = sft_config(dir.path(), &data, "");
+        let text = std::fs::read_to_string(&cfg)
+            .unwrap()
+            .replace("name = \"sft\"", &format!("name = \"{name}\""))
+            .replace("micro_batch = 1", &format!("micro_batch = 1\n{extra}"));
+        std::fs::write(&cfg, text).unwrap();
+        std::process::Command::new(env!("CARGO_BIN_EXE_concord"))
+            .args(["sft", "--config", cfg.to_str().unwrap()])
+            .output()
+            .unwrap()
+    };
+    let log = |name: &str| {
+        concord::run::log::TrainingLog::read(&dir.path().join(name).join("training_log.csv"))
+            .unwrap()
+    };
+    let plain = run("plain", "");
+    assert!(
+        plain.status.success(),
+        "{}",
+        String::from_utf8_lossy(&plain.stderr)
+    );
+    let ck = run("ck", "gradient_checkpointing = true");
+    assert!(
+        ck.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ck.stderr)
+    );
+    // "sft step 1: memory: estimate N MB per row": less with the layers recomputed
+    let estimate = |out: &std::process::Output| -> f64 {
+        let err = String::from_utf8_lossy(&out.stderr).to_string();
+        let tail = err
+            .split("memory: estimate ")
+            .nth(1)
+            .unwrap_or_else(|| panic!("{err}"));
+        let mut words = tail.split_whitespace();
+        let x: f64 = words.next().unwrap().parse().unwrap();
+        x * match words.next().unwrap() {
+            "GB" => 1e3,
+            "MB" => 1.0,
+            "kB" => 1e-3,
+            u => panic!("unit {u}"),
+        }
+    };
+    assert!(
+        estimate(&ck) < estimate(&plain),
+        "{} vs {}",
+        estimate(&ck),
+        estimate(&plain)
+    );
+    let (a, b) = (log("plain"), log("ck"));
+    for c in ["loss", "grad_norm", "mean_token_accuracy"] {
+        let (x, y) = (a.column(c).unwrap(), b.column(c).unwrap());
+        assert_eq!(x.len(), 4);
+        for (x, y) in x.iter().zip(y.iter()) {
+            assert!((x - y).abs() <= 1e-5 * (1.0 + x.abs()), "{c}: {x} vs {y}");
+        }
+    }
+    let tight = run("tight", "memory_budget_gb = 1e-6");
+    let err = String::from_utf8_lossy(&tight.stderr).to_string();
+    assert!(!tight.status.success());
+    assert!(
+        err.contains("demonstration 1 of 4")
+            && err.contains("memory: one sequence")
+            && err.contains("gradient_checkpointing = true")
+            && err.contains("shorten the demonstrations"),
+        "{err}"
+    );
+    let rows = dir.path().join("tight/training_log.csv");
+    assert!(
+        !rows.exists() || std::fs::read_to_string(&rows).unwrap().lines().count() <= 1,
+        "a step was logged"
+    );
 }

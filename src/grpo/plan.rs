@@ -112,12 +112,16 @@ fn shared_shape(rollouts: &[Rollout], rows: &[usize]) -> TrainShape {
     }
 }
 
+/// What makes a GRPO row shorter.
+const SHORTER_COMPLETIONS: &str = "lower grpo.max_completion_length";
+
 /// The error for a row that does not fit the budget alone.
 fn too_big(
     row: &Rollout,
     shape: TrainShape,
     mem: &TrainMemory,
     budget: &MemoryBudget,
+    shorter: &str,
 ) -> anyhow::Error {
     let need = mem.estimate(shape).bytes();
     anyhow::anyhow!(
@@ -127,13 +131,29 @@ fn too_big(
         row.completion_ids.len(),
         gb(need),
         budget.describe(),
-        levers(mem, shape)
+        levers(mem, shape, shorter)
     )
 }
 
+/// An error when `row` alone does not fit `budget` (`shorter` names what shortens a
+/// row). SFT checks every demonstration before its first step with it: a long one would
+/// otherwise stop the run where the shuffle first draws it.
+pub fn check_row(
+    row: &Rollout,
+    mem: &TrainMemory,
+    budget: &MemoryBudget,
+    shorter: &str,
+) -> Result<()> {
+    let shape = packed_shape(std::slice::from_ref(row), &[0]);
+    match budget.fits(mem.estimate(shape).bytes()) {
+        true => Ok(()),
+        false => Err(too_big(row, shape, mem, budget, shorter)),
+    }
+}
+
 /// What lowers the memory of a row of `shape`: checkpointing (when off, with its
-/// estimate), the budget, the completion length.
-fn levers(mem: &TrainMemory, shape: TrainShape) -> String {
+/// estimate), the budget, a shorter row.
+fn levers(mem: &TrainMemory, shape: TrainShape, shorter: &str) -> String {
     let checkpointing = if mem.checkpointing() {
         String::new()
     } else {
@@ -144,7 +164,7 @@ fn levers(mem: &TrainMemory, shape: TrainShape) -> String {
     };
     format!(
         "{checkpointing}raise [optim] memory_budget_gb if the machine has the memory, or \
-         lower grpo.max_completion_length"
+         {shorter}"
     )
 }
 
@@ -172,7 +192,7 @@ pub fn long_row_warning(
          stops with an error after its sampling. To avoid it, {}",
         gb(need),
         budget.describe(),
-        levers(mem, shape)
+        levers(mem, shape, SHORTER_COMPLETIONS)
     ))
 }
 
@@ -206,7 +226,7 @@ pub fn plan(
             }
             let one = packed_shape(rollouts, &[i]);
             if cur.is_empty() && !fits(mem.estimate(one)) {
-                return Err(too_big(&rollouts[i], one, mem, budget));
+                return Err(too_big(&rollouts[i], one, mem, budget, SHORTER_COMPLETIONS));
             }
             cur.push(i);
         }
@@ -237,7 +257,7 @@ pub fn plan(
             }
             let one = shared_shape(rollouts, &[i]);
             if cur.is_empty() && !fits(mem.estimate(one)) {
-                return Err(too_big(&rollouts[i], one, mem, budget));
+                return Err(too_big(&rollouts[i], one, mem, budget, SHORTER_COMPLETIONS));
             }
             cur.push(i);
         }

@@ -13,13 +13,13 @@ use super::loss::{sft_loss, token_hits};
 use crate::config::{Config, OptimConfig};
 use crate::grpo::optim::{clip_grad_norm, summed, AdamW, AdamWParams, LrSchedule};
 use crate::grpo::pack::{pack, Packed, Rollout};
-use crate::grpo::plan::plan;
+use crate::grpo::plan::{check_row, plan};
 use crate::model::budget::{MemoryBudget, TrainMemory};
-use crate::model::qwen2::{Mode, Qwen2};
+use crate::model::qwen2::{Checkpoints, Mode, Qwen2};
 use crate::rng::mix_seeds as mix;
 use crate::run::checkpoint::{self, TrainerState};
 use crate::run::log::{self, SftRow};
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use candle_core::Tensor;
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
@@ -208,7 +208,11 @@ impl<'m> SftTrainer<'m> {
             MemoryBudget::resolve(self.optim.memory_budget_gb, self.model.device())
         });
         let all: Vec<usize> = (0..rows.len()).collect();
-        let mem = TrainMemory::new(self.model, false);
+        let ckpt = self.optim.gradient_checkpointing;
+        let mem = TrainMemory::new(self.model, ckpt);
+        if first {
+            self.check_every_demonstration(&mem, &budget)?;
+        }
         let split = plan(&rows, &all, self.optim.micro_batch, false, &mem, &budget)?;
         if first {
             crate::note!("sft step {}: {}", step + 1, split.summary());
@@ -219,17 +223,27 @@ impl<'m> SftTrainer<'m> {
                 dropout_seed: mix(step_seed, mi as u64),
             };
             let n = num_tokens as f64;
+            let ck = ckpt.then(Checkpoints::new);
             let shared = match self.optim.share_prompt {
-                true => micro_step_shared(self.model, &refs, self.pad_id, n, mode)?,
+                true => micro_step_shared(self.model, &refs, self.pad_id, n, mode, ck.as_ref())?,
                 false => None,
             };
             let (l, h) = match shared {
                 Some(out) => out,
-                None => micro_step(self.model, &pack(&refs, self.pad_id, false)?, n, mode)?,
+                None => {
+                    let packed = pack(&refs, self.pad_id, false)?;
+                    micro_step(self.model, &packed, n, mode, ck.as_ref())?
+                }
             };
             loss += l.to_scalar::<f32>()? as f64;
             hits += h;
-            self.opt.accumulate(&mut acc, &l.backward()?)?;
+            let mut grads = l.backward()?;
+            if let Some(ck) = &ck {
+                // the head's graph goes before the layers are recomputed
+                drop(l);
+                ck.backward(self.model, &mut grads)?;
+            }
+            self.opt.accumulate(&mut acc, &grads)?;
         }
         let Some(acc) = acc else {
             bail!("step {}: an empty batch", step + 1);
@@ -269,6 +283,16 @@ impl<'m> SftTrainer<'m> {
         };
         log::append_sft_row(&self.run_dir, &row)?;
         Ok(row)
+    }
+
+    /// Every demonstration fits the memory budget alone, or the run stops now, naming
+    /// it, instead of at the step whose shuffle first draws it.
+    fn check_every_demonstration(&self, mem: &TrainMemory, budget: &MemoryBudget) -> Result<()> {
+        for (i, e) in self.examples.iter().enumerate() {
+            check_row(&as_rollout(e), mem, budget, "shorten the demonstrations")
+                .with_context(|| format!("demonstration {} of {}", i + 1, self.examples.len()))?;
+        }
+        Ok(())
     }
 
     /// `checkpoint-STEP/` (adapter, optimizer, state) and the top-level adapter.
@@ -315,6 +339,7 @@ pub fn micro_step_shared(
     pad_id: u32,
     num_tokens: f64,
     mode: Mode,
+    ck: Option<&Checkpoints>,
 ) -> Result<Option<(Tensor, usize)>> {
     let Some((first, rest)) = rows.split_first() else {
         return Ok(None);
@@ -364,7 +389,12 @@ pub fn micro_step_shared(
     let dev = model.device().clone();
     let prefix = Tensor::from_vec(first.prompt_ids[..shared].to_vec(), (1, shared), &dev)?;
     let ids = Tensor::from_vec(ids, (g, w), &dev)?;
-    let (_, hidden) = model.forward_shared_prefix(&prefix, &ids, Some(&attn), mode)?;
+    let (_, hidden) = match ck {
+        Some(ck) => {
+            model.forward_shared_prefix_checkpointed(&prefix, &ids, Some(&attn), mode, ck)?
+        }
+        None => model.forward_shared_prefix(&prefix, &ids, Some(&attn), mode)?,
+    };
     let h = hidden.narrow(1, own - 1, comp)?;
     let targets_t = Tensor::from_vec(targets.clone(), (g, comp), &dev)?;
     let lp = model.token_logprobs(&h, &targets_t, 1.0, false)?.logprobs;
@@ -383,10 +413,14 @@ pub fn micro_step(
     p: &Packed,
     num_tokens: f64,
     mode: Mode,
+    ck: Option<&Checkpoints>,
 ) -> Result<(Tensor, usize)> {
     let dev = model.device().clone();
     let ids = Tensor::from_vec(p.ids.clone(), (p.rows, p.width), &dev)?;
-    let hidden = model.forward(&ids, Some(&p.attention), mode)?;
+    let hidden = match ck {
+        Some(ck) => model.forward_checkpointed(&ids, Some(&p.attention), mode, ck)?,
+        None => model.forward(&ids, Some(&p.attention), mode)?,
+    };
     let h = hidden.narrow(1, p.prompt_len - 1, p.comp_len)?;
     let targets = Tensor::from_vec(p.targets.clone(), (p.rows, p.comp_len), &dev)?;
     let lp = model.token_logprobs(&h, &targets, 1.0, false)?.logprobs;
