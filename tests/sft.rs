@@ -127,10 +127,9 @@ fn sft_loss_matches_hand_computation_and_only_completion_tokens_count() {
     assert!(crate::util::max_abs(g) > 0.0);
 }
 
-/// Demonstrations that share a system prompt: putting the prefix through the model
-/// once gives the loss, the token hits and every LoRA gradient of the packed forward.
-#[test]
-fn shared_prefix_micro_step_equals_the_packed_one() {
+/// The tiny model with nonzero LoRA weights (B starts at zero, which would hide errors
+/// in the adapter's gradients).
+fn model_with_lora() -> Qwen2 {
     let m = model();
     for (i, (_, v)) in m.lora_vars().iter().enumerate() {
         let t = v.as_tensor();
@@ -140,13 +139,26 @@ fn shared_prefix_micro_step_equals_the_packed_one() {
         v.set(&Tensor::from_vec(vals, t.shape(), t.device()).unwrap())
             .unwrap();
     }
+    m
+}
+
+/// Three demonstrations with an 18-token common prompt prefix and tails of their own.
+fn shared_prompt_rows() -> [Rollout; 3] {
     let sys: Vec<u32> = (0..18).map(|i| (i * 5 + 3) % 31 + 1).collect();
     let with = |tail: &[u32]| -> Vec<u32> { sys.iter().chain(tail).copied().collect() };
-    let rows = [
+    [
         row(&with(&[4, 9, 2]), &[5, 6]),
         row(&with(&[7]), &[9, 10, 11]),
         row(&with(&[12, 13, 14, 15, 16]), &[17]),
-    ];
+    ]
+}
+
+/// Demonstrations that share a system prompt: putting the prefix through the model
+/// once gives the loss, the token hits and every LoRA gradient of the packed forward.
+#[test]
+fn shared_prefix_micro_step_equals_the_packed_one() {
+    let m = model_with_lora();
+    let rows = shared_prompt_rows();
     let refs: Vec<&Rollout> = rows.iter().collect();
     let (lp, hp) = micro_step(&m, &pack(&refs, 0, false).unwrap(), 6.0, Mode::Grad, None).unwrap();
     let (ls, hs) = micro_step_shared(&m, &refs, 0, 6.0, Mode::Grad, None)
@@ -183,30 +195,17 @@ fn shared_prefix_micro_step_equals_the_packed_one() {
 /// shared-prefix micro-steps give the same loss and every LoRA gradient as without it.
 #[test]
 fn checkpointed_micro_steps_equal_the_plain_ones() {
-    let m = model();
-    for (i, (_, v)) in m.lora_vars().iter().enumerate() {
-        let t = v.as_tensor();
-        let vals: Vec<f32> = (0..t.elem_count())
-            .map(|k| 0.05 * (((k * 5 + i * 3) % 13) as f32 - 6.0) / 6.0)
-            .collect();
-        v.set(&Tensor::from_vec(vals, t.shape(), t.device()).unwrap())
-            .unwrap();
-    }
-    let sys: Vec<u32> = (0..18).map(|i| (i * 7 + 2) % 31 + 1).collect();
-    let with = |tail: &[u32]| -> Vec<u32> { sys.iter().chain(tail).copied().collect() };
-    let rows = [
-        row(&with(&[4, 9, 2]), &[5, 6]),
-        row(&with(&[7]), &[9, 10, 11]),
-    ];
+    let m = model_with_lora();
+    let rows = shared_prompt_rows();
     let refs: Vec<&Rollout> = rows.iter().collect();
     let packed = pack(&refs, 0, false).unwrap();
     let grads_of = |shared: bool, ck: bool| {
         let c = ck.then(Checkpoints::new);
         let (l, _) = match shared {
-            true => micro_step_shared(&m, &refs, 0, 5.0, Mode::Grad, c.as_ref())
+            true => micro_step_shared(&m, &refs, 0, 6.0, Mode::Grad, c.as_ref())
                 .unwrap()
                 .unwrap(),
-            false => micro_step(&m, &packed, 5.0, Mode::Grad, c.as_ref()).unwrap(),
+            false => micro_step(&m, &packed, 6.0, Mode::Grad, c.as_ref()).unwrap(),
         };
         let loss = l.to_scalar::<f32>().unwrap();
         let mut g = l.backward().unwrap();
@@ -423,14 +422,9 @@ fn sft_cli_refuses_bad_data_and_trains_an_adapter_grpo_starts_from() {
     assert!(nonzero_b);
 }
 
-/// SFT cuts its micro-batches to the memory budget like GRPO (no `micro_batch` set):
-/// a budget that holds one demonstration but not two splits every batch of 2, and the
-/// log is the same as with one micro-batch (the loss is normalised by the batch's
-/// tokens, so accumulation is exact).
-#[test]
-fn sft_splits_micro_batches_to_the_memory_budget_with_the_same_log() {
-    let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("demos.jsonl");
+/// `demos.jsonl` in `dir`: four one-line demonstrations.
+fn four_demonstrations(dir: &Path) -> std::path::PathBuf {
+    let data = dir.join("demos.jsonl");
     let lines: Vec<String> = (0..4)
         .map(|i| {
             format!(
@@ -440,6 +434,17 @@ fn sft_splits_micro_batches_to_the_memory_budget_with_the_same_log() {
         })
         .collect();
     std::fs::write(&data, lines.join("\n")).unwrap();
+    data
+}
+
+/// SFT cuts its micro-batches to the memory budget like GRPO (no `micro_batch` set):
+/// a budget that holds one demonstration but not two splits every batch of 2, and the
+/// log is the same as with one micro-batch (the loss is normalised by the batch's
+/// tokens, so accumulation is exact).
+#[test]
+fn sft_splits_micro_batches_to_the_memory_budget_with_the_same_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = four_demonstrations(dir.path());
     let run = |name: &str, budget_gb: f64| {
         let cfg = sft_config(dir.path(), &data, "");
         let text = std::fs::read_to_string(&cfg)
@@ -488,16 +493,7 @@ fn sft_splits_micro_batches_to_the_memory_budget_with_the_same_log() {
 #[test]
 fn sft_checkpoints_layers_and_checks_every_demonstration_before_step_one() {
     let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("demos.jsonl");
-    let lines: Vec<String> = (0..4)
-        .map(|i| {
-            format!(
-                r#"{{"messages":[{{"role":"user","content":"Which server, {i}?"}}],"completion":"DEPLOY_PROD_{}"}}"#,
-                ["A", "B"][i % 2]
-            )
-        })
-        .collect();
-    std::fs::write(&data, lines.join("\n")).unwrap();
+    let data = four_demonstrations(dir.path());
     let run = |name: &str, extra: &str| {
         let cfg = sft_config(dir.path(), &data, "");
         let text = std::fs::read_to_string(&cfg)
