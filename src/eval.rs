@@ -484,21 +484,29 @@ pub fn play_policy(
     Ok(out)
 }
 
-/// Prints a line per round on stderr (so a long evaluation under `nohup` shows where
-/// it is), then asks the policy.
-struct Progress<P> {
+/// Prints a line per round on stderr (so a long evaluation, or a training step's
+/// continuations, under `nohup` shows where it is), then asks the policy.
+pub(crate) struct Progress<P> {
     inner: P,
     episodes: usize,
     start: std::time::Instant,
+    /// Written before each line (`continuations `: a training step's).
+    label: &'static str,
 }
 
 impl<P> Progress<P> {
-    fn new(inner: P, episodes: usize) -> Self {
+    pub(crate) fn new(inner: P, episodes: usize) -> Self {
         Progress {
             inner,
             episodes,
             start: std::time::Instant::now(),
+            label: "",
         }
+    }
+
+    pub(crate) fn labelled(mut self, label: &'static str) -> Self {
+        self.label = label;
+        self
     }
 }
 
@@ -511,7 +519,8 @@ impl<P: Policy> Policy for Progress<P> {
         let open = episodes.iter().filter(|e| !e.done()).count();
         if let Some(t) = turns.first() {
             crate::note!(
-                "  round {}: {} turns, {open} of {} episodes open, {:.0} s",
+                "  {}round {}: {} turns, {open} of {} episodes open, {:.0} s",
+                self.label,
                 t.round + 1,
                 turns.len(),
                 self.episodes,

@@ -17,7 +17,7 @@ use super::pack::Rollout;
 use crate::config::{GrpoConfig, MultiObjectiveAggregation};
 use crate::dist::Dist;
 use crate::envs::{score_decisions_with, Decision, Reward};
-use crate::eval::ModelPolicy;
+use crate::eval::{ModelPolicy, Progress};
 use crate::model::qwen2::Qwen2;
 use crate::rng::mix_seeds as mix;
 use crate::sample::{self, ChooseOn, Completion, FinishReason, GroupRequest, SamplingParams};
@@ -292,6 +292,8 @@ fn score(
     if !continued.is_empty() {
         let mut policy = ModelPolicy::new(model, renderer, params, CONTINUATION_BATCH);
         policy.first_episode = first_episode;
+        // a step's continuations can take many minutes: say where they are
+        let mut policy = Progress::new(policy, continued.len()).labelled("continuations ");
         let rewards = score_decisions_with(&continued, &mut policy)?;
         for ((pi, j), r) in at.into_iter().zip(rewards) {
             out[pi][j] = r;
