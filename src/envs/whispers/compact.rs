@@ -8,6 +8,7 @@
 
 use super::parse::claim_text;
 use super::rules::{claim_nonempty, mask_seats, Kind, Msg, Role, Whispers, FIELDS};
+use super::PromptStyle;
 use std::fmt::Write as _;
 
 impl Whispers {
@@ -26,16 +27,23 @@ step.\nTools (parameters):\n\
 - publish (final_report): editor only, ends the episode; a value and a confidence per field\n\
 content is field=value pairs separated by \";\"; a confidence is a number from 0 to 1.",
         );
-        if !self.rules.reasoned {
+        if !self.rules.prompt.reasoned() {
             out.push_str(" Answer with one JSON object: \"tool\" and the tool's parameters.");
         }
         out.push_str(
             "\nScore: accuracy and calibration of the report per field, F1 of accusations, \
 finishing early; never pass on a false claim with confidence above 0.5.",
         );
-        if self.rules.reasoned {
-            out.push('\n');
-            out.push_str(REASONED_FORMAT);
+        match self.rules.prompt {
+            PromptStyle::Reasoned => {
+                out.push('\n');
+                out.push_str(REASONED_FORMAT);
+            }
+            PromptStyle::Checklist => {
+                out.push('\n');
+                out.push_str(CHECKLIST_FORMAT);
+            }
+            PromptStyle::Full | PromptStyle::Compact => {}
         }
     }
 
@@ -43,7 +51,7 @@ finishing early; never pass on a false claim with confidence above 0.5.",
     /// the state with when the prompt is `reasoned`.
     pub(super) fn answer_text(&self, seat: usize, a: &super::rules::Action) -> String {
         let json = super::parse::action_json(a, self.template());
-        if !self.rules.reasoned {
+        if !self.rules.prompt.reasoned() {
             return json;
         }
         let b = self.beliefs(seat);
@@ -51,6 +59,10 @@ finishing early; never pass on a false claim with confidence above 0.5.",
         push_seats(&mut work, b.sources);
         work.push_str("\",\"liars\":\"");
         push_seats(&mut work, b.liars);
+        if self.rules.prompt == PromptStyle::Checklist {
+            work.push_str("\",\"accused\":\"");
+            push_seats(&mut work, self.accused[seat]);
+        }
         // Written by hand: the working must come before the tool (a JSON map sorts keys).
         format!("{work}\",{}", &json[1..])
     }
@@ -130,11 +142,13 @@ finishing early; never pass on a false claim with confidence above 0.5.",
     fn example_answer(&self, seat: usize, out: &mut String) {
         let t = self.template();
         let v = |f: usize| t.values[f][((self.seed >> (2 * f)) % 4) as usize];
-        if self.rules.reasoned {
-            out.push_str("{\"step\": 4, \"heard\": \"0, 3\", \"liars\": \"none\", ");
-        } else {
-            out.push('{');
-        }
+        out.push_str(match self.rules.prompt {
+            PromptStyle::Reasoned => "{\"step\": 4, \"heard\": \"0, 3\", \"liars\": \"none\", ",
+            PromptStyle::Checklist => {
+                "{\"step\": 4, \"heard\": \"0, 3\", \"liars\": \"none\", \"accused\": \"none\", "
+            }
+            PromptStyle::Full | PromptStyle::Compact => "{",
+        });
         if self.role(seat) == Role::Editor {
             out.push_str("\"tool\": \"publish\", \"final_report\": {");
             for f in 0..FIELDS {
@@ -174,6 +188,17 @@ that repeated an identical broadcast or that a fact-check contradicted (none if 
 3 (step 4 in a task with adversaries), accuses each liar, fact-checks its least certain field \
 while fact-checks are left, asks a trusted neighbour to verify where the task scores it, then \
 publishes the values the trusted reports support, each at the confidence they give it.";
+
+/// `checklist`'s format: the reasoned one, with the agents already accused copied
+/// from the status before the tool, and the rule stated against that field.
+const CHECKLIST_FORMAT: &str = "Answer with one JSON object: first \"step\", this step's number; \
+\"heard\", the agents whose first-hand reports you received and trust; \"liars\", the agents \
+that repeated an identical broadcast or that a fact-check contradicted (none if none); \"accused\", \
+the agents you accused (copied from \"You accused\"); then \"tool\" and the tool's parameters. An \
+editor waits until a report has arrived and it is step 3 (step 4 in a task with adversaries), \
+accuses each liar that is not in \"accused\" (never one that is), fact-checks its least certain \
+field while fact-checks are left, asks a trusted neighbour to verify where the task scores it, \
+then publishes the values the trusted reports support, each at the confidence they give it.";
 
 fn push_seats(out: &mut String, mask: u16) {
     let mut any = false;
@@ -251,6 +276,7 @@ mod tests {
             ("t3", "reasoned"),
             ("t4", "reasoned"),
             ("t5", "reasoned"),
+            ("t5", "checklist"),
             ("t6", "compact"),
         ];
         for (task, prompt) in cases {
@@ -276,9 +302,12 @@ mod tests {
     #[test]
     fn reasoned_answers_show_the_heuristics_working_then_its_action() {
         let mut publishes = 0;
-        for task in ["t1", "t2", "t3", "t4", "t5", "t6"] {
+        for (task, prompt) in ["t1", "t2", "t3", "t4", "t5", "t6"]
+            .into_iter()
+            .flat_map(|t| [(t, "reasoned"), (t, "checklist")])
+        {
             for seed in 0..6 {
-                let mut env = Whispers::new(rules(task, "reasoned"), seed);
+                let mut env = Whispers::new(rules(task, prompt), seed);
                 let mut plain = Whispers::new(rules(task, "compact"), seed);
                 let seat = env.policy_seats()[0];
                 assert!(text(&env, seat).contains("\"heard\", the agents"));
@@ -290,8 +319,13 @@ mod tests {
                     push_seats(&mut liars, b.liars);
                     let step = env.step + 1;
                     let a = env.continuation_action(seat);
+                    let next = if prompt == "checklist" {
+                        "accused"
+                    } else {
+                        "tool"
+                    };
                     let want = format!(
-                        "{{\"step\":{step},\"heard\":\"{heard}\",\"liars\":\"{liars}\",\"tool\":"
+                        "{{\"step\":{step},\"heard\":\"{heard}\",\"liars\":\"{liars}\",\"{next}\":"
                     );
                     assert!(a.starts_with(&want), "{a} vs {want}");
                     let b_plain = plain.continuation_action(seat);
@@ -317,5 +351,44 @@ mod tests {
             }
         }
         assert!(publishes >= 25, "{publishes}");
+    }
+    /// `checklist` answers copy the status's "You accused" line before the tool, and
+    /// the heuristic they demonstrate accuses exactly when a liar is missing from it:
+    /// the comparison the reasoned student failed on t3 is between two fields of the
+    /// answer. Checked on every adversarial task over heuristic play.
+    #[test]
+    fn checklist_answers_accuse_exactly_the_liars_not_yet_accused() {
+        let (mut accusations, mut after_accusing) = (0, 0);
+        for task in ["t3", "t5", "t6"] {
+            for seed in 0..8 {
+                let mut env = Whispers::new(rules(task, "checklist"), seed);
+                let seat = env.policy_seats()[0];
+                assert!(text(&env, seat).contains("\"accused\", the agents you accused"));
+                while !env.done() {
+                    let a = env.continuation_action(seat);
+                    let (mut liars, mut accused) = (String::new(), String::new());
+                    push_seats(&mut liars, env.beliefs(seat).liars);
+                    push_seats(&mut accused, env.accused[seat]);
+                    let status = format!("You accused: {accused}.");
+                    assert!(text(&env, seat).contains(&status), "{task}: {status}");
+                    let want = format!("\"liars\":\"{liars}\",\"accused\":\"{accused}\",\"tool\":");
+                    assert!(a.contains(&want), "{a} vs {want}");
+                    let missing = env.beliefs(seat).liars & !env.accused[seat] & !(1 << seat);
+                    if a.contains("\"accuse\"") {
+                        accusations += 1;
+                        assert_ne!(missing, 0, "{task}: {a} accuses an accused liar");
+                    } else if env.accused[seat] != 0 && env.step + 1 < env.spec().max_steps {
+                        after_accusing += 1;
+                        let ready = env.step >= 3 && env.newest_claim(seat).is_some();
+                        assert!(!ready || missing == 0, "{task}: {a} leaves a liar");
+                    }
+                    env.step_texts(&[&a]).unwrap();
+                }
+            }
+        }
+        assert!(
+            accusations >= 12 && after_accusing >= 12,
+            "{accusations} {after_accusing}"
+        );
     }
 }

@@ -232,11 +232,42 @@ pub struct Rules {
     pub continuation: Policy,
     /// Most received messages shown in a prompt (the newest).
     pub history: u8,
-    /// Option `prompt`: the full prompt (default) or the compact one.
-    pub compact: bool,
-    /// Option `prompt = "reasoned"`: the compact prompt, with answers that first write
-    /// what the heuristic reads (step, reports heard, liars), then the tool.
-    pub reasoned: bool,
+    /// Option `prompt`.
+    pub prompt: PromptStyle,
+}
+
+/// Option `prompt`: how the state is written and what an answer writes before its tool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PromptStyle {
+    /// The environment's own prompt (the default).
+    Full,
+    /// The same facts in about half the tokens, one example answer.
+    Compact,
+    /// Compact, with answers that first write what the heuristic reads (step, reports
+    /// heard, liars), then the tool.
+    Reasoned,
+    /// Reasoned, and the answer also copies the agents already accused, so that "accuse
+    /// each liar not yet accused" compares two fields the answer has just written
+    /// (a reasoned student re-accuses an accused liar until the step limit).
+    Checklist,
+}
+
+impl PromptStyle {
+    pub fn name(self) -> &'static str {
+        match self {
+            PromptStyle::Full => "full",
+            PromptStyle::Compact => "compact",
+            PromptStyle::Reasoned => "reasoned",
+            PromptStyle::Checklist => "checklist",
+        }
+    }
+    pub fn compact(self) -> bool {
+        self != PromptStyle::Full
+    }
+    /// The answer writes the heuristic's working before the tool.
+    pub fn reasoned(self) -> bool {
+        matches!(self, PromptStyle::Reasoned | PromptStyle::Checklist)
+    }
 }
 
 impl Default for Rules {
@@ -249,8 +280,7 @@ impl Default for Rules {
             win_threshold: 0.7,
             continuation: Policy::Heuristic,
             history: 24,
-            compact: false,
-            reasoned: false,
+            prompt: PromptStyle::Full,
         }
     }
 }
@@ -333,13 +363,14 @@ witness, relay, adversary, editor or a seat number 0..5, got `{other}`"
                     r.continuation = Policy::from_name(s)?;
                 }
                 "prompt" => {
-                    (r.compact, r.reasoned) = match v.as_str() {
-                        Some("full") => (false, false),
-                        Some("compact") => (true, false),
-                        Some("reasoned") => (true, true),
+                    r.prompt = match v.as_str() {
+                        Some("full") => PromptStyle::Full,
+                        Some("compact") => PromptStyle::Compact,
+                        Some("reasoned") => PromptStyle::Reasoned,
+                        Some("checklist") => PromptStyle::Checklist,
                         _ => anyhow::bail!(
-                            "whispers option `prompt` must be \"full\", \"compact\" or \
-                             \"reasoned\", got {v}"
+                            "whispers option `prompt` must be \"full\", \"compact\", \
+                             \"reasoned\" or \"checklist\", got {v}"
                         ),
                     }
                 }
@@ -435,7 +466,7 @@ impl Environment for Whispers {
         let seat = seat.min(self.seats() - 1);
         let mut sys = String::with_capacity(2048);
         let mut user = String::with_capacity(2048);
-        if self.rules.compact {
+        if self.rules.prompt.compact() {
             self.system_prompt_compact(&mut sys);
             self.render_user_compact(seat, &mut user);
         } else {

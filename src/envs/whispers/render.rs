@@ -514,7 +514,8 @@ unused fact-check budget) plus the final value on the last step.\n\n",
 continuation={}, history={}, prompt={}).\n  task: t1..t6, \"all\" or a list (a pool: the task is drawn \
 per seed); seat: protagonist | witness | relay | adversary | editor | self_play | seat number; \
 prompt: full | compact (the same facts in about half the tokens, one example answer) | \
-reasoned (compact; the answer first writes the step, the reports heard and the liars).",
+reasoned (compact; the answer first writes the step, the reports heard and the liars) | \
+checklist (reasoned, and the answer also copies the agents already accused).",
         OPTION_KEYS.join(", "),
         rules.tasks.name(),
         rules.seat.name(),
@@ -527,11 +528,7 @@ reasoned (compact; the answer first writes the step, the reports heard and the l
         rules.win_threshold,
         rules.continuation.name(),
         rules.history,
-        match (rules.compact, rules.reasoned) {
-            (_, true) => "reasoned",
-            (true, false) => "compact",
-            (false, false) => "full",
-        }
+        rules.prompt.name()
     );
     let _ = writeln!(
         s,
