@@ -190,35 +190,41 @@ fn eval_compare_reports_held_out_episodes() {
     assert_eq!(r.models["base"].adapter, None);
 }
 
+/// `concord train` on the quickstart, tiny model in `model_dir`, output under `out`:
+/// a 2-step warm start, 3 GRPO steps, checkpoints at 2 and 3, held-out rows every 2
+/// steps and at the end; `--resume run_dir` when given.
+fn held_out_run(model_dir: &Path, out: &Path, extra: &[&str], resume: Option<&Path>) {
+    let mut sets = vec![
+        format!("run.output_dir={}", out.display()),
+        format!("model.name={}/tiny", model_dir.display()),
+        "run.steps=3".into(),
+        "run.save_every=2".into(),
+        "run.eval_every=2".into(),
+        "run.eval_episodes=3".into(),
+        "grpo.max_completion_length=6".into(),
+        "grpo.prompts_per_step=2".into(),
+        "grpo.num_generations=2".into(),
+        "sft.steps=2".into(),
+        "sft.examples=4".into(),
+        "sft.batch_size=2".into(),
+    ];
+    sets.extend(extra.iter().map(|s| s.to_string()));
+    let mut args = vec!["train", "--config", "configs/quickstart.toml"];
+    if let Some(r) = resume {
+        args.extend(["--resume", r.to_str().unwrap()]);
+    }
+    for s in &sets {
+        args.extend(["--set", s.as_str()]);
+    }
+    concord_ok(&args);
+}
+
 /// `[run] eval_every`: held-out rows at the due steps and at the end, through the same
 /// driver as `concord eval`; a run cut back to an earlier checkpoint and resumed writes
 /// the same rows (no duplicates), and `plot` draws them.
 #[test]
 fn held_out_evaluation_during_training_survives_a_resume() {
     let dir = tempfile::tempdir().unwrap();
-    let run = |out: &Path, extra: &[&str]| {
-        let d = out.display().to_string();
-        let mut sets = vec![
-            format!("run.output_dir={d}"),
-            format!("model.name={}/tiny", dir.path().display()),
-            "run.steps=3".into(),
-            "run.save_every=2".into(),
-            "run.eval_every=2".into(),
-            "run.eval_episodes=3".into(),
-            "grpo.max_completion_length=6".into(),
-            "grpo.prompts_per_step=2".into(),
-            "grpo.num_generations=2".into(),
-            "sft.steps=2".into(),
-            "sft.examples=4".into(),
-            "sft.batch_size=2".into(),
-        ];
-        sets.extend(extra.iter().map(|s| s.to_string()));
-        let mut args = vec!["train", "--config", "configs/quickstart.toml"];
-        for s in &sets {
-            args.extend(["--set", s.as_str()]);
-        }
-        concord_ok(&args);
-    };
     let read = |p: &Path| -> Vec<Vec<String>> {
         std::fs::read_to_string(p.join("eval_log.csv"))
             .unwrap()
@@ -231,7 +237,7 @@ fn held_out_evaluation_during_training_survives_a_resume() {
             .collect()
     };
     let a = dir.path().join("a");
-    run(&a, &[]);
+    held_out_run(dir.path(), &a, &[], None);
     let rows = read(&a.join("quickstart"));
     assert_eq!(
         rows[0].join(","),
@@ -253,41 +259,10 @@ agreement_lo,agreement_hi,best_constant_agreement,mutual_information_bits,action
     // The same run, cut back to checkpoint-2 after it finished (as a kill after step 3's
     // evaluation but before its checkpoint would leave it), then resumed.
     let b = dir.path().join("b");
-    run(&b, &[]);
+    held_out_run(dir.path(), &b, &[], None);
     let qb = b.join("quickstart");
     std::fs::remove_dir_all(qb.join("checkpoint-3")).unwrap();
-    let d = b.display().to_string();
-    concord_ok(&[
-        "train",
-        "--config",
-        "configs/quickstart.toml",
-        "--resume",
-        qb.to_str().unwrap(),
-        "--set",
-        &format!("run.output_dir={d}"),
-        "--set",
-        &format!("model.name={}/tiny", dir.path().display()),
-        "--set",
-        "run.steps=3",
-        "--set",
-        "run.save_every=2",
-        "--set",
-        "run.eval_every=2",
-        "--set",
-        "run.eval_episodes=3",
-        "--set",
-        "grpo.max_completion_length=6",
-        "--set",
-        "grpo.prompts_per_step=2",
-        "--set",
-        "grpo.num_generations=2",
-        "--set",
-        "sft.steps=2",
-        "--set",
-        "sft.examples=4",
-        "--set",
-        "sft.batch_size=2",
-    ]);
+    held_out_run(dir.path(), &b, &[], Some(&qb));
     assert_eq!(
         read(&qb),
         rows,
@@ -295,6 +270,87 @@ agreement_lo,agreement_hi,best_constant_agreement,mutual_information_bits,action
     );
     let png = std::fs::read(a.join("quickstart/reward_curve.png")).unwrap();
     assert!(png.starts_with(b"\x89PNG"));
+}
+
+/// Columns that time the machine, not the run: they differ between equal runs.
+const TIMINGS: [&str; 6] = [
+    "step_time",
+    "seconds",
+    "gen_tokens_per_s",
+    "train_tokens_per_s",
+    "peak_mem_mb",
+    "eval_seconds",
+];
+
+/// The events' (step, tag, value) triples, timings left out.
+fn events(run: &Path) -> Vec<(i64, String, f32)> {
+    let p = concord::run::tensorboard::path(run);
+    let mut out = Vec::new();
+    for e in concord::run::tensorboard::read(&p).unwrap() {
+        for (tag, x) in e.scalars {
+            if !TIMINGS.iter().any(|t| tag.ends_with(&format!("/{t}"))) {
+                out.push((e.step, tag, x));
+            }
+        }
+    }
+    out
+}
+
+/// `[run] report_to = ["csv", "tensorboard"]`: every numeric cell of training_log.csv
+/// (the warm start's and GRPO's) and eval_log.csv is a scalar at its row's step, read
+/// back through both CRCs; a run cut back to checkpoint 2 and resumed ends with the
+/// same events, no step twice.
+#[test]
+fn tensorboard_events_mirror_the_logs_and_survive_a_resume() {
+    let dir = tempfile::tempdir().unwrap();
+    let tb = ["run.report_to=[\"csv\", \"tensorboard\"]"];
+    let a = dir.path().join("a");
+    held_out_run(dir.path(), &a, &tb, None);
+    let qa = a.join("quickstart");
+    for (run, csv, prefix) in [
+        (qa.clone(), "training_log.csv", "train"),
+        (qa.join("sft"), "training_log.csv", "train"),
+        (qa.clone(), "eval_log.csv", "eval/ticketmelt"),
+    ] {
+        let text = std::fs::read_to_string(run.join(csv)).unwrap();
+        let mut lines = text.lines();
+        let header: Vec<&str> = lines.next().unwrap().split(',').collect();
+        let mut want = Vec::new();
+        for line in lines {
+            let cells: Vec<&str> = line.split(',').collect();
+            let step: i64 = cells[0].parse().unwrap();
+            for (h, c) in header.iter().zip(&cells) {
+                let skip = ["step", "stage", "env"].contains(h) || TIMINGS.contains(h);
+                match c.parse::<f32>() {
+                    Ok(x) if !skip => want.push((step, format!("{prefix}/{h}"), x)),
+                    _ => {}
+                }
+            }
+        }
+        let got: Vec<_> = events(&run)
+            .into_iter()
+            .filter(|(_, t, _)| t.starts_with(&format!("{prefix}/")))
+            .collect();
+        assert!(want.len() >= 10, "{csv}: {} cells", want.len());
+        let same = |x: f32, y: f32| x == y || (x.is_nan() && y.is_nan());
+        assert_eq!(got.len(), want.len(), "{}", run.display());
+        for (g, w) in got.iter().zip(&want) {
+            assert!(g.0 == w.0 && g.1 == w.1 && same(g.2, w.2), "{g:?} vs {w:?}");
+        }
+    }
+    let steps: Vec<i64> = events(&qa).iter().map(|e| e.0).collect();
+    assert!(steps.windows(2).all(|w| w[0] <= w[1]) && steps.contains(&3));
+
+    let b = dir.path().join("b");
+    held_out_run(dir.path(), &b, &tb, None);
+    let qb = b.join("quickstart");
+    std::fs::remove_dir_all(qb.join("checkpoint-3")).unwrap();
+    held_out_run(dir.path(), &b, &tb, Some(&qb));
+    assert_eq!(
+        events(&qb),
+        events(&qa),
+        "resumed events equal the uninterrupted run's"
+    );
 }
 
 #[test]
@@ -317,4 +373,21 @@ fn eval_every_without_episodes_is_refused() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("eval_episodes"), "{err}");
+}
+
+#[test]
+fn an_unknown_report_to_sink_is_refused_by_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("c.toml");
+    std::fs::write(&cfg, "[run]\nreport_to = [\"csv\", \"wandb\"]\n").unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_concord"))
+        .args(["train", "--config", cfg.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("run.report_to") && err.contains("line 2") && err.contains("tensorboard"),
+        "{err}"
+    );
 }

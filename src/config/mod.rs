@@ -65,11 +65,30 @@ pub struct RunConfig {
     /// Held-out episodes per environment in each of those evaluations (the first ones
     /// of `concord eval`'s set).
     pub eval_episodes: usize,
+    /// Where the per-step metrics go besides `training_log.csv`, which is always
+    /// written (TRL's `report_to`): `"tensorboard"` adds event files under
+    /// `RUN_DIR/tensorboard/`.
+    pub report_to: Vec<ReportTo>,
     /// What the relative paths of this file are relative to: the current directory
     /// (a config you write), or the directory holding the file (the `config.toml` a run
     /// records, so that it names no path of the machine it ran on).
     #[serde(skip_serializing_if = "PathsBase::is_cwd")]
     pub paths_relative_to: PathsBase,
+}
+
+/// A metrics sink of [`RunConfig::report_to`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ReportTo {
+    Csv,
+    Tensorboard,
+}
+
+impl RunConfig {
+    /// `report_to` names `"tensorboard"`.
+    pub fn tensorboard(&self) -> bool {
+        self.report_to.contains(&ReportTo::Tensorboard)
+    }
 }
 
 /// See [`RunConfig::paths_relative_to`].
@@ -100,6 +119,7 @@ impl Default for RunConfig {
             save_total_limit: 0,
             eval_every: 0,
             eval_episodes: 20,
+            report_to: vec![ReportTo::Csv],
             paths_relative_to: PathsBase::Cwd,
         }
     }

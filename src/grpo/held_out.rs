@@ -45,7 +45,14 @@ impl Trainer {
                 )?
                 .summarise();
             let secs = t.elapsed().as_secs_f64();
-            log::append_eval_row(&self.run_dir, step, &name, &e, secs)?;
+            log::append_eval_row(
+                &self.run_dir,
+                step,
+                &name,
+                &e,
+                secs,
+                self.cfg.run.tensorboard(),
+            )?;
             if !self.quiet {
                 let agree = e.behaviour.as_ref().map_or(String::new(), |b| {
                     format!(

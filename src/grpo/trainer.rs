@@ -412,7 +412,12 @@ impl Trainer {
             self.state.csv_header = log::csv_header(&names, optional_columns(&self.stages));
         }
         if self.dist.is_root() {
-            log::append_row(&self.run_dir, &self.state.csv_header, &row)?;
+            log::append_row(
+                &self.run_dir,
+                &self.state.csv_header,
+                &row,
+                self.cfg.run.tensorboard(),
+            )?;
             let samples = metrics::samples(
                 batch,
                 st.task.as_ref(),

@@ -243,13 +243,24 @@ pub fn csv_line(header: &[String], row: &StepRow) -> String {
     header.iter().map(|c| cell(c)).collect::<Vec<_>>().join(",")
 }
 
-/// Append `row` to `run_dir/training_log.csv`, writing `header` first into a new file.
-pub fn append_row(run_dir: &Path, header: &[String], row: &StepRow) -> Result<()> {
+/// Append `row` to `run_dir/training_log.csv`, writing `header` first into a new file
+/// (and to the TensorBoard events, as `train/<column>`, when `tensorboard`).
+pub fn append_row(
+    run_dir: &Path,
+    header: &[String],
+    row: &StepRow,
+    tensorboard: bool,
+) -> Result<()> {
     let path = run_dir.join(TRAINING_LOG);
     let mut text = csv_start(&path, &header.join(","))?;
-    text.push_str(&csv_line(header, row));
+    let line = csv_line(header, row);
+    text.push_str(&line);
     text.push('\n');
-    append(&path, &text)
+    append(&path, &text)?;
+    if tensorboard {
+        super::tensorboard::append_csv_row(run_dir, "train", header, &line, row.step)?;
+    }
+    Ok(())
 }
 
 /// Append JSON lines to `run_dir/samples.jsonl`.
@@ -312,7 +323,7 @@ pub fn remove_logs(run_dir: &Path) -> Result<()> {
             std::fs::remove_file(&p).with_context(|| format!("removing {}", p.display()))?;
         }
     }
-    Ok(())
+    super::tensorboard::remove(run_dir)
 }
 
 /// The lines of `text` that were written whole: a last line without its newline is
@@ -365,7 +376,7 @@ pub fn truncate_logs(run_dir: &Path, step: usize) -> Result<()> {
         }
         crate::atomic::atomic_write_bytes(&samples, out.as_bytes())?;
     }
-    Ok(())
+    super::tensorboard::truncate(run_dir, step)
 }
 
 /// The columns of `eval_log.csv`: one row per environment per held-out evaluation.
@@ -377,13 +388,15 @@ reward_hi,agreement,agreement_lo,agreement_hi,best_constant_agreement,\
 mutual_information_bits,actions,eval_seconds";
 
 /// Append one held-out evaluation of `env` at `step` to `eval_log.csv` (writing the
-/// header first when the file is new).
+/// header first when the file is new), and to the TensorBoard events as
+/// `eval/<env>/<column>` when `tensorboard`.
 pub fn append_eval_row(
     run_dir: &Path,
     step: usize,
     env: &str,
     e: &crate::run::eval_report::EnvEval,
     seconds: f64,
+    tensorboard: bool,
 ) -> Result<()> {
     let path = run_dir.join(EVAL_LOG);
     let mut text = csv_start(&path, EVAL_LOG_HEADER)?;
@@ -403,8 +416,8 @@ pub fn append_eval_row(
         ),
         None => (",,".into(), String::new(), String::new(), String::new()),
     };
-    text.push_str(&format!(
-        "{step},{env},{},{:.6},{:.6},{:.6},{:.6},{:.6},{:.6},{agree},{best},{mi},{actions},{seconds:.1}\n",
+    let line = format!(
+        "{step},{env},{},{:.6},{:.6},{:.6},{:.6},{:.6},{:.6},{agree},{best},{mi},{actions},{seconds:.1}",
         e.episodes,
         e.win_rate,
         e.win_ci95[0],
@@ -412,8 +425,16 @@ pub fn append_eval_row(
         e.reward_mean,
         e.reward_ci95[0],
         e.reward_ci95[1],
-    ));
-    append(&path, &text)
+    );
+    text.push_str(&line);
+    text.push('\n');
+    append(&path, &text)?;
+    if tensorboard {
+        let header: Vec<String> = EVAL_LOG_HEADER.split(',').map(str::to_string).collect();
+        let prefix = format!("eval/{env}");
+        super::tensorboard::append_csv_row(run_dir, &prefix, &header, &line, step)?;
+    }
+    Ok(())
 }
 
 /// One row of an SFT run's training_log.csv (TRL `SFTTrainer`'s names).
@@ -460,17 +481,24 @@ pub fn sft_header() -> Vec<String> {
         .collect()
 }
 
-/// Append `row` to `run_dir/training_log.csv` (header first into a new file).
-pub fn append_sft_row(run_dir: &Path, row: &SftRow) -> Result<()> {
+/// Append `row` to `run_dir/training_log.csv` (header first into a new file), and to
+/// the TensorBoard events as `train/<column>` when `tensorboard`.
+pub fn append_sft_row(run_dir: &Path, row: &SftRow, tensorboard: bool) -> Result<()> {
     let path = run_dir.join(TRAINING_LOG);
-    let mut text = csv_start(&path, &sft_header().join(","))?;
-    text.push_str(&row.step.to_string());
+    let header = sft_header();
+    let mut text = csv_start(&path, &header.join(","))?;
+    let mut line = row.step.to_string();
     for (_, get) in SFT_COLUMNS {
-        text.push(',');
-        text.push_str(&fmt_f(get(row)));
+        line.push(',');
+        line.push_str(&fmt_f(get(row)));
     }
+    text.push_str(&line);
     text.push('\n');
-    append(&path, &text)
+    append(&path, &text)?;
+    if tensorboard {
+        super::tensorboard::append_csv_row(run_dir, "train", &header, &line, row.step)?;
+    }
+    Ok(())
 }
 
 /// `training_log.csv`, parsed by header name. Numeric cells that are empty, `nan` or

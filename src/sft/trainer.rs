@@ -40,6 +40,8 @@ pub struct SftTrainer<'m> {
     seed: u64,
     save_every: usize,
     save_total_limit: usize,
+    /// `[run] report_to` names `"tensorboard"`.
+    tensorboard: bool,
     pub run_dir: PathBuf,
     pub state: TrainerState,
     pad_id: u32,
@@ -123,6 +125,7 @@ impl<'m> SftTrainer<'m> {
             seed: cfg.run.seed,
             save_every: cfg.run.save_every,
             save_total_limit: cfg.run.save_total_limit,
+            tensorboard: cfg.run.tensorboard(),
             run_dir,
             state,
             pad_id,
@@ -281,7 +284,7 @@ impl<'m> SftTrainer<'m> {
             step_time,
             seconds: self.state.seconds,
         };
-        log::append_sft_row(&self.run_dir, &row)?;
+        log::append_sft_row(&self.run_dir, &row, self.tensorboard)?;
         Ok(row)
     }
 
