@@ -9,8 +9,9 @@
    (written below with `create_app`, served by uvicorn) and train 2 GRPO steps against
    it with `concord train` (`[env] url`, episode mode, the built-in tiny model).
 
-Needs a venv with `pip install openenv-core` (tested with 0.3.0); not part of CI (CI
-has no Python). Usage:
+Needs a venv with `pip install openenv-core==0.3.0` or `pip install openenv==0.10.0`
+(the package's current name; both are verified); not part of CI (CI has no Python).
+Usage:
 
     python scripts/openenv_interop.py [--concord target/debug/concord] [--seeds 0 7 42]
 
@@ -25,7 +26,7 @@ import sys
 import tempfile
 import textwrap
 import time
-from importlib.metadata import version
+from importlib.metadata import PackageNotFoundError, version
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -221,6 +222,16 @@ def concord_client_to_python_server(concord):
             server.wait(timeout=30)
 
 
+def openenv_version():
+    """`openenv X` (0.4 on) or `openenv-core X` (up to 0.3), whichever is installed."""
+    for dist in ("openenv", "openenv-core"):
+        try:
+            return f"{dist} {version(dist)}"
+        except PackageNotFoundError:
+            continue
+    sys.exit("neither openenv nor openenv-core is installed in this Python")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--concord", default=os.path.join(ROOT, "target", "release", "concord"))
@@ -228,10 +239,10 @@ def main():
     a = ap.parse_args()
     if not os.path.exists(a.concord):
         sys.exit(f"{a.concord} not found: build it (cargo build --release) or pass --concord")
-    print(f"openenv-core {version('openenv-core')}")
-    print("1. openenv-core GenericEnvClient -> concord serve ticketmelt")
+    print(openenv_version())
+    print("1. OpenEnv GenericEnvClient -> concord serve ticketmelt")
     python_client_to_concord_server(a.concord, a.seeds)
-    print("2. concord train -> openenv-core server (create_app + uvicorn)")
+    print("2. concord train -> OpenEnv server (create_app + uvicorn)")
     concord_client_to_python_server(a.concord)
     print("interop: OK (both directions)")
 

@@ -409,6 +409,165 @@ fn mcp_tools_over_http_and_websocket() {
     );
 }
 
+/// One JSON-RPC call to `POST /mcp`: its `result`, or its `error`.
+fn rpc(h: &Handle, id: u64, method: &str, params: Value) -> Result<Value, Value> {
+    let body = json!({"jsonrpc": "2.0", "method": method, "params": params, "id": id});
+    let (code, r) = post(h, "/mcp", &body.to_string());
+    assert_eq!(
+        (code, &r["jsonrpc"], &r["id"]),
+        (200, &json!("2.0"), &json!(id)),
+        "{r}"
+    );
+    match r.get("error") {
+        Some(e) => Err(e.clone()),
+        None => Ok(r["result"].clone()),
+    }
+}
+
+fn connect_to(h: &Handle, session_id: &str) -> Ws {
+    let u = format!("ws://{}/ws?session_id={session_id}", h.addr);
+    tungstenite::connect(u).unwrap().0
+}
+
+/// `GET /openapi.json`: what openenv 0.10's validator reads. The OpenEnv HTTP
+/// standard's version, and simulation mode: `/reset`, `/step` and `/state` among the
+/// paths (the validator's `mode_endpoint_consistency`), every other HTTP route too,
+/// and no WebSocket route; every `$ref` resolves.
+#[test]
+fn the_openapi_document_declares_simulation_mode() {
+    let h = server(1, None);
+    let doc: Value = ureq::get(&url(&h, "/openapi.json"))
+        .call()
+        .unwrap()
+        .into_json()
+        .unwrap();
+    assert_eq!(doc["info"]["version"], "1.0.0");
+    assert!(doc["openapi"].as_str().unwrap().starts_with("3."));
+    let paths: Vec<&str> = doc["paths"]
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(String::as_str)
+        .collect();
+    for p in [
+        "/reset",
+        "/step",
+        "/state",
+        "/health",
+        "/metadata",
+        "/schema",
+        "/mcp",
+    ] {
+        assert!(paths.contains(&p), "{p} not in {paths:?}");
+    }
+    assert!(!paths.contains(&"/ws"));
+    let text = doc.to_string();
+    for r in text.split("\"$ref\":\"#/components/schemas/").skip(1) {
+        let name = &r[..r.find('"').unwrap()];
+        assert!(doc["components"]["schemas"][name].is_object(), "{name}");
+    }
+    assert!(text.contains("ConcordObservation"));
+}
+
+/// openenv 0.10's `MCPToolClient`, frame by frame: `openenv/session/create`, the
+/// WebSocket attached with `?session_id=` resets, `tools/call` over HTTP steps that
+/// same episode to its end (reward and done in `data`), a close while attached is
+/// deferred to the detach; capacity, unknown ids and a second attach are refused.
+#[test]
+fn mcp_sessions_play_an_episode_over_http_and_websocket() {
+    let h = server(2, None);
+    let sid = rpc(&h, 1, "openenv/session/create", json!({})).unwrap()["session_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert_eq!(sid.len(), 36, "a uuid: {sid}");
+    let act = |id: u64, msg: &str| {
+        rpc(
+            &h,
+            id,
+            "tools/call",
+            json!({"name": "act", "arguments": {"message": msg},
+                                          "session_id": sid}),
+        )
+    };
+    let e = act(2, "MONITOR").unwrap_err();
+    assert_eq!(e["code"], -32603, "acting before a reset: {e}");
+    let mut ws = connect_to(&h, &sid);
+    let r = send(&mut ws, r#"{"type":"reset","data":{"seed":3}}"#);
+    assert_eq!(r["type"], "observation", "{r}");
+    let tools = rpc(&h, 3, "tools/list", json!({"session_id": sid})).unwrap();
+    assert_eq!(tools["tools"].as_array().unwrap().len(), 3);
+    let (mut steps, mut done, mut last) = (0, false, Value::Null);
+    while !done {
+        let r = act(10 + steps, "MONITOR").unwrap();
+        assert_eq!(r["isError"], false);
+        assert_eq!(r["data"], r["structuredContent"]);
+        assert!(r["data"]["reward"].is_number(), "{r}");
+        done = r["data"]["done"].as_bool().unwrap();
+        steps += 1;
+        last = r;
+    }
+    assert!(last["data"]["observation"]["rewards"].is_array());
+    let state = send(&mut ws, r#"{"type":"state"}"#);
+    assert_eq!(
+        state["data"]["step_count"], steps,
+        "one episode behind both"
+    );
+    assert_eq!(
+        act(99, "MONITOR").unwrap_err()["code"],
+        -32603,
+        "after the end"
+    );
+
+    // the HTTP session is another one
+    let e = rpc(
+        &h,
+        4,
+        "tools/call",
+        json!({"name": "observe", "arguments": {}}),
+    )
+    .unwrap_err();
+    assert_eq!(e["code"], -32603, "{e}");
+    // a second WebSocket on the same session, and unknown ids
+    let mut twice = connect_to(&h, &sid);
+    assert!(read(&mut twice)["data"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("already has an attached WebSocket"));
+    let mut unknown = connect_to(&h, "nope");
+    assert_eq!(error_code(&read(&mut unknown)), "SESSION_ERROR");
+    let e = rpc(&h, 5, "tools/list", json!({"session_id": "nope"})).unwrap_err();
+    assert_eq!(
+        (e["code"].as_i64(), e["message"].as_str()),
+        (Some(-32602), Some("Unknown session_id: nope"))
+    );
+    // capacity: this session and one more
+    let other = rpc(&h, 6, "openenv/session/create", json!({})).unwrap();
+    let full = rpc(&h, 7, "openenv/session/create", json!({})).unwrap_err();
+    assert_eq!(full["code"], -32000);
+    assert_eq!(full["data"]["max_sessions"], 2);
+    let other = other["session_id"].as_str().unwrap();
+    assert_eq!(
+        rpc(&h, 8, "openenv/session/close", json!({"session_id": other})).unwrap()["closed"],
+        true
+    );
+    // a close while attached waits for the detach
+    let c = rpc(&h, 9, "openenv/session/close", json!({"session_id": sid})).unwrap();
+    assert_eq!(
+        (c["closed"].as_bool(), c["closing"].as_bool()),
+        (Some(false), Some(true))
+    );
+    ws.send(Message::text(r#"{"type":"close"}"#)).unwrap();
+    while !matches!(ws.read(), Ok(Message::Close(_)) | Err(_)) {}
+    let e = rpc(&h, 10, "tools/list", json!({"session_id": sid})).unwrap_err();
+    assert_eq!(e["code"], -32602, "closed on detach: {e}");
+    let e = rpc(&h, 11, "openenv/session/close", json!({})).unwrap_err();
+    assert_eq!(e["code"], -32602);
+    // both slots are free again
+    rpc(&h, 12, "openenv/session/create", json!({})).unwrap();
+    rpc(&h, 13, "openenv/session/create", json!({})).unwrap();
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
 

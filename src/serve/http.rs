@@ -1,5 +1,6 @@
 //! The HTTP routes: openenv-core's `POST /reset`, `POST /step`, `GET /state`,
-//! `GET /health`, `GET /metadata`, `GET /schema`, `POST /mcp`, and `/ws`.
+//! `GET /health`, `GET /metadata`, `GET /schema`, `POST /mcp`, and `/ws`; and
+//! `GET /openapi.json`, which openenv 0.10's validator reads.
 //!
 //! openenv-core 0.3 builds a fresh environment for every HTTP request, so its HTTP
 //! `step` cannot continue an episode. Concord keeps one HTTP session instead (outside
@@ -9,7 +10,7 @@
 //! FastAPI's 422 `{"detail": [...]}` and never a panic; `step` before `reset` or after
 //! the episode ended is 409. Every error answer is JSON `{"detail": ...}`: a body over
 //! `--max-frame-bytes` is 413, one that does not arrive within the body timeout 408.
-use super::protocol::{parse_step_request, schemas, ErrorCode, ResetParams, WireError};
+use super::protocol::{openapi, parse_step_request, schemas, ErrorCode, ResetParams, WireError};
 use super::session::Session;
 use super::{mcp, ws, App};
 use axum::body::{Body, Bytes};
@@ -30,13 +31,14 @@ pub fn router(app: App) -> Router {
         .route("/health", get(health))
         .route("/metadata", get(metadata))
         .route("/schema", get(schema))
+        .route("/openapi.json", get(openapi_json))
         .route("/mcp", post(mcp_post))
         .with_state(app)
 }
 
 /// The HTTP session; a panic elsewhere cannot wedge it (the poisoned state is still a
 /// whole `Session`: every method leaves it consistent).
-fn http_session(app: &App) -> MutexGuard<'_, Session> {
+pub(super) fn http_session(app: &App) -> MutexGuard<'_, Session> {
     app.http.lock().unwrap_or_else(|e| e.into_inner())
 }
 
@@ -148,9 +150,13 @@ async fn schema(State(app): State<App>) -> Json<Value> {
     Json(schemas(app.factory.name()))
 }
 
+async fn openapi_json(State(app): State<App>) -> Json<Value> {
+    Json(openapi(app.factory.name()))
+}
+
 async fn mcp_post(State(app): State<App>, body: Body) -> Response {
     match read_body(&app, body).await {
-        Ok(body) => Json(mcp::handle_text(&mut http_session(&app), &body)).into_response(),
+        Ok(body) => Json(mcp::handle_http(&app, &body)).into_response(),
         Err(r) => r,
     }
 }

@@ -3,8 +3,9 @@
 //! environments.
 //!
 //! The protocol is openenv-core 0.3's (`env_server/http_server.py`, `types.py`,
-//! `mcp_types.py`): a WebSocket session per connection at `/ws` ([`ws`]), the HTTP
-//! routes ([`http`]), MCP tools ([`mcp`]), the wire types ([`protocol`]) and the
+//! `mcp_types.py`) and openenv 0.10's additions (`/openapi.json`, MCP sessions): a
+//! WebSocket session per connection at `/ws` ([`ws`]), the HTTP routes ([`http`]), MCP
+//! tools ([`mcp`]) and sessions ([`registry`]), the wire types ([`protocol`]) and the
 //! mapping of a multi-seat Concord episode onto OpenEnv's single-agent steps
 //! ([`session`]).
 //!
@@ -20,6 +21,7 @@ pub mod bench;
 pub mod http;
 pub mod mcp;
 pub mod protocol;
+pub mod registry;
 pub mod session;
 pub mod ws;
 
@@ -85,6 +87,8 @@ pub struct Shared {
     pub body_timeout: Duration,
     /// The one HTTP session (see [`http`]).
     pub http: Mutex<session::Session>,
+    /// Sessions made by `openenv/session/create` (see [`registry`]).
+    pub registry: registry::Registry,
     /// Becomes true when the server shuts down.
     pub shutdown: watch::Receiver<bool>,
     sessions: AtomicU64,
@@ -102,7 +106,7 @@ impl Shared {
     pub fn next_session(&self) -> u64 {
         self.sessions.fetch_add(1, Ordering::Relaxed) + 1
     }
-    /// Open WebSocket sessions.
+    /// Open sessions: WebSockets and registered MCP sessions.
     pub fn active(&self) -> usize {
         self.max_sessions - self.slots.available_permits()
     }
@@ -209,6 +213,7 @@ async fn bind(opts: &ServeOptions) -> Result<(tokio::net::TcpListener, App, watc
     let (stop_tx, stop_rx) = watch::channel(false);
     let app = App(Arc::new(Shared {
         http: Mutex::new(session::Session::new(factory.clone())),
+        registry: registry::Registry::default(),
         factory,
         summary,
         slots: Arc::new(Semaphore::new(opts.max_sessions)),
@@ -239,6 +244,7 @@ async fn serve(
         })
         .await
         .context("serving")?;
+    app.registry.clear();
     // Upgraded WebSocket connections outlive axum's graceful shutdown: wait for the
     // sessions (told "going away") to hand their slots back.
     let all = u32::try_from(app.max_sessions).unwrap_or(u32::MAX);

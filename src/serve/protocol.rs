@@ -324,6 +324,64 @@ pub fn schemas(env: &str) -> Value {
     })
 }
 
+/// The OpenAPI document of the HTTP routes (`GET /openapi.json`, as FastAPI serves
+/// openenv's): openenv 0.10's validator reads `info.version` and tells simulation mode
+/// from `/reset`, `/step` and `/state` among the paths. `info.version` is the OpenEnv
+/// HTTP standard's ("1.0.0", what openenv's own servers publish), not Concord's.
+/// WebSocket routes (`/ws`) have no place in OpenAPI and are not listed.
+pub fn openapi(env: &str) -> Value {
+    let s = schemas(env);
+    let body = |schema: &str| json!({"required": true, "content": {"application/json": {"schema": {"$ref": format!("#/components/schemas/{schema}")}}}});
+    let op = |summary: &str, ok: Value| {
+        json!({"summary": summary, "responses": {
+            "200": {"description": "Successful Response", "content": {"application/json": {"schema": ok}}},
+            "422": {"description": "Validation Error"}
+        }})
+    };
+    let reply = json!({"type": "object", "properties": {
+        "observation": {"$ref": "#/components/schemas/ConcordObservation"},
+        "reward": {"type": ["number", "null"]},
+        "done": {"type": "boolean"}
+    }});
+    let any = json!({"type": "object"});
+    let mut reset = op("Reset the HTTP session's episode", reply.clone());
+    reset["requestBody"] = json!({"required": false, "content": {"application/json": {"schema": {
+        "type": "object", "properties": {"seed": {"type": "integer", "minimum": 0}, "episode_id": {"type": "string"}}
+    }}}});
+    let mut step = op("Step the HTTP session's episode", reply);
+    step["requestBody"] = body("StepRequest");
+    let mut mcp = op("JSON-RPC 2.0: MCP tools and openenv sessions", any.clone());
+    mcp["requestBody"] =
+        json!({"required": true, "content": {"application/json": {"schema": {"type": "object"}}}});
+    json!({
+        "openapi": "3.1.0",
+        "info": {
+            "title": format!("Concord OpenEnv server ({env})"),
+            "version": "1.0.0",
+            "description": format!("`concord serve {env}` (Concord {}): OpenEnv's HTTP, WebSocket (/ws) and MCP (/mcp) protocol", env!("CARGO_PKG_VERSION"))
+        },
+        "paths": {
+            "/reset": {"post": reset},
+            "/step": {"post": step},
+            "/state": {"get": op("The HTTP session's state", json!({"$ref": "#/components/schemas/ConcordState"}))},
+            "/health": {"get": op("Health", json!({"type": "object", "properties": {"status": {"type": "string"}}}))},
+            "/metadata": {"get": op("Environment metadata", any.clone())},
+            "/schema": {"get": op("Action, observation and state JSON schemas", any)},
+            "/mcp": {"post": mcp}
+        },
+        "components": {"schemas": {
+            "ConcordAction": s["action"],
+            "ConcordObservation": s["observation"],
+            "ConcordState": s["state"],
+            "StepRequest": {"type": "object", "properties": {
+                "action": {"$ref": "#/components/schemas/ConcordAction"},
+                "timeout_s": {"type": ["number", "null"]},
+                "request_id": {"type": ["string", "null"]}
+            }, "required": ["action"]}
+        }}
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

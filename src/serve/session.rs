@@ -218,7 +218,7 @@ impl Episode {
 }
 
 /// A random UUID-4-shaped id (what openenv-core's environments use).
-fn new_episode_id() -> String {
+pub(super) fn new_episode_id() -> String {
     let x: u128 =
         (rand::random::<u128>() & !(0xf << 76) & !(0x3 << 62)) | (0x4 << 76) | (0x2 << 62);
     let h = format!("{x:032x}");

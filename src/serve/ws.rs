@@ -2,17 +2,23 @@
 //! `EnvClient` protocol). Frames are JSON text: `reset`, `step`, `state`, `close` (and
 //! `mcp`); replies are `observation`, `state`, `mcp` or `error` frames.
 //!
+//! `/ws?session_id=ID` attaches to a session made by `openenv/session/create` (openenv
+//! 0.10's `MCPToolClient` steps over the WebSocket and calls tools over HTTP on one
+//! session); an unknown or already attached id gets SESSION_ERROR and is closed.
 //! A connection beyond `--max-sessions` gets one CAPACITY_REACHED error and is closed.
 //! A session idle for longer than the timeout gets SESSION_ERROR and is closed. A
 //! malformed frame gets an error reply and the session goes on: nothing a client sends
 //! reaches another session or the server.
 use super::protocol::{ErrorCode, Incoming, WireError};
+use super::registry::{self, SessionRef};
 use super::session::Session;
 use super::{mcp, App};
 use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade};
-use axum::extract::State;
+use axum::extract::{Query, State};
 use axum::response::Response;
 use serde_json::{json, Value};
+use std::collections::HashMap;
+use tokio::sync::OwnedSemaphorePermit;
 use tracing::{debug, info, warn};
 
 /// WebSocket close codes (RFC 6455 section 7.4 and IANA's registry): every close the
@@ -33,14 +39,68 @@ async fn close(socket: &mut WebSocket, code: u16, reason: &str) {
     let _ = socket.send(Message::Close(Some(frame))).await;
 }
 
-pub async fn handler(ws: WebSocketUpgrade, State(app): State<App>) -> Response {
+pub async fn handler(
+    ws: WebSocketUpgrade,
+    State(app): State<App>,
+    Query(query): Query<HashMap<String, String>>,
+) -> Response {
+    let registered = query.get("session_id").cloned();
     ws.max_message_size(app.max_frame_bytes)
         .on_failed_upgrade(|e| warn!(error = %e, "websocket upgrade failed"))
-        .on_upgrade(move |socket| session(socket, app))
+        .on_upgrade(move |socket| session(socket, app, registered))
 }
 
-async fn session(mut socket: WebSocket, app: App) {
-    let Ok(_permit) = app.slots.clone().try_acquire_owned() else {
+/// The session a connection plays on.
+enum Held {
+    /// Its own, holding one of the `--max-sessions` slots (released on drop).
+    Own {
+        session: Box<Session>,
+        _slot: OwnedSemaphorePermit,
+    },
+    /// A registered one (`?session_id=`), which holds the slot itself.
+    Registered(String, SessionRef),
+    /// Detached from its registered session (the connection is closing).
+    Detached,
+}
+
+impl Held {
+    fn answer(&mut self, text: &str) -> Option<Value> {
+        match self {
+            Held::Own { session, .. } => answer(session, text),
+            Held::Registered(_, s) => answer(&mut registry::lock(s), text),
+            Held::Detached => None,
+        }
+    }
+
+    /// Hand a registered session back before the close frame goes out: a client that
+    /// closes its session right after the close handshake finds it detached.
+    fn detach(&mut self, app: &App) {
+        if let Held::Registered(id, _) = self {
+            app.registry.detach(id);
+        }
+        *self = Held::Detached;
+    }
+}
+
+/// A connection's session: the registered one it names, else a new one in a free
+/// slot. None (after telling the client why and closing) when neither.
+async fn hold(socket: &mut WebSocket, app: &App, registered: Option<String>) -> Option<Held> {
+    if let Some(sid) = registered {
+        return match app.registry.attach(&sid) {
+            Ok(s) => Some(Held::Registered(sid, s)),
+            Err(msg) => {
+                warn!(session_id = %sid, %msg, "attach refused");
+                let _ = send(
+                    socket,
+                    &WireError::new(ErrorCode::SessionError, msg).to_frame(),
+                )
+                .await;
+                close(socket, NORMAL, "unknown or attached session").await;
+                None
+            }
+        };
+    }
+    let Ok(permit) = app.slots.clone().try_acquire_owned() else {
         warn!(
             max_sessions = app.max_sessions,
             "session refused: capacity reached"
@@ -56,13 +116,22 @@ async fn session(mut socket: WebSocket, app: App) {
         let mut frame = e.to_frame();
         frame["data"]["active_sessions"] = json!(app.max_sessions);
         frame["data"]["max_sessions"] = json!(app.max_sessions);
-        let _ = send(&mut socket, &frame).await;
-        close(&mut socket, TRY_AGAIN_LATER, "at capacity").await;
+        let _ = send(socket, &frame).await;
+        close(socket, TRY_AGAIN_LATER, "at capacity").await;
+        return None;
+    };
+    Some(Held::Own {
+        session: Box::new(Session::new(app.factory.clone())),
+        _slot: permit,
+    })
+}
+
+async fn session(mut socket: WebSocket, app: App, registered: Option<String>) {
+    let Some(mut held) = hold(&mut socket, &app, registered).await else {
         return;
     };
     let id = app.next_session();
     info!(session = id, active = app.active(), "session opened");
-    let mut s = Session::new(app.factory.clone());
     let mut shutdown = app.shutdown.clone();
     let mut frames = 0u64;
     let reason = loop {
@@ -106,7 +175,7 @@ async fn session(mut socket: WebSocket, app: App) {
         };
         frames += 1;
         let reply = match msg {
-            Message::Text(t) => answer(&mut s, t.as_str()),
+            Message::Text(t) => held.answer(t.as_str()),
             Message::Binary(_) => Some(
                 WireError::new(
                     ErrorCode::InvalidJson,
@@ -125,11 +194,13 @@ async fn session(mut socket: WebSocket, app: App) {
                 }
             }
             None => {
+                held.detach(&app);
                 close(&mut socket, NORMAL, "closed").await;
                 break "close message";
             }
         }
     };
+    held.detach(&app);
     info!(session = id, frames, reason, "session closed");
 }
 
