@@ -284,9 +284,8 @@ const TIMINGS: [&str; 6] = [
 
 /// The events' (step, tag, value) triples, timings left out.
 fn events(run: &Path) -> Vec<(i64, String, f32)> {
-    let p = concord::run::tensorboard::path(run);
     let mut out = Vec::new();
-    for e in concord::run::tensorboard::read(&p).unwrap() {
+    for e in concord::run::tensorboard::read_all(run).unwrap() {
         for (tag, x) in e.scalars {
             if !TIMINGS.iter().any(|t| tag.ends_with(&format!("/{t}"))) {
                 out.push((e.step, tag, x));

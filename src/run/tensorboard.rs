@@ -12,16 +12,14 @@
 //! float).
 //!
 //! A resume truncates the events to the checkpoint's step as it truncates the CSV logs,
-//! so a step is never plotted twice; a record cut by a crash is dropped there too.
+//! so a step is never plotted twice, drops a record a crash cut, and goes on in a new
+//! file (see [`files`]).
 use anyhow::{bail, Context, Result};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
 /// The folder under the run directory (`tensorboard --logdir runs` shows every run).
 pub const DIR: &str = "tensorboard";
-/// The one events file of a run. TensorBoard reads any file whose name contains
-/// `tfevents`; a fixed name lets a resume find and truncate it.
-pub const FILE: &str = "events.out.tfevents.concord";
 const FILE_VERSION: &str = "brain.Event:2";
 
 /// One event: a file-version header, or the scalars of one step.
@@ -33,8 +31,39 @@ pub struct Event {
     pub scalars: Vec<(String, f32)>,
 }
 
-pub fn path(run_dir: &Path) -> PathBuf {
-    run_dir.join(DIR).join(FILE)
+/// The run's event files, oldest first. A run writes one, and a resume starts another:
+/// a TensorBoard left running keeps reading the file it has open, so a file rewritten
+/// in place (a new inode) would never show the resumed steps, while a new file is
+/// picked up, and its first step, lower than what was read, purges the orphaned ones.
+/// The names sort by creation time (TensorBoard reads them in name order).
+pub fn files(run_dir: &Path) -> Result<Vec<PathBuf>> {
+    let dir = run_dir.join(DIR);
+    let entries = match std::fs::read_dir(&dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e).with_context(|| format!("reading {}", dir.display())),
+    };
+    let mut out = Vec::new();
+    for e in entries {
+        let p = e
+            .with_context(|| format!("reading {}", dir.display()))?
+            .path();
+        let name = p.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+        if name.starts_with("events.out.tfevents.") && name.ends_with(".concord") {
+            out.push(p);
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// Every event of the run, file after file.
+pub fn read_all(run_dir: &Path) -> Result<Vec<Event>> {
+    let mut out = Vec::new();
+    for p in files(run_dir)? {
+        out.extend(read(&p)?);
+    }
+    Ok(out)
 }
 
 /// Append the scalars `prefix/<column>` of one CSV row (`header` and its `line`, as
@@ -57,29 +86,20 @@ pub fn append_csv_row(
     append(run_dir, step, scalars)
 }
 
-/// Append one event with `scalars` at `step`, creating the file (with its version
-/// event) when it is new.
+/// Append one event with `scalars` at `step` to the newest file, starting one when
+/// there is none.
 pub fn append(run_dir: &Path, step: usize, scalars: Vec<(String, f32)>) -> Result<()> {
-    let p = path(run_dir);
-    let mut bytes = Vec::new();
-    if !p.exists() {
-        std::fs::create_dir_all(run_dir.join(DIR))
-            .with_context(|| format!("creating {}", run_dir.join(DIR).display()))?;
-        bytes.extend(record(&encode(&Event {
-            wall_time: now(),
-            step: 0,
-            file_version: Some(FILE_VERSION.into()),
-            scalars: Vec::new(),
-        })));
-    }
-    bytes.extend(record(&encode(&Event {
+    let p = match files(run_dir)?.pop() {
+        Some(p) => p,
+        None => start_file(run_dir)?,
+    };
+    let bytes = record(&encode(&Event {
         wall_time: now(),
         step: step as i64,
         file_version: None,
         scalars,
-    })));
+    }));
     let mut f = std::fs::OpenOptions::new()
-        .create(true)
         .append(true)
         .open(&p)
         .with_context(|| format!("opening {}", p.display()))?;
@@ -88,29 +108,64 @@ pub fn append(run_dir: &Path, step: usize, scalars: Vec<(String, f32)>) -> Resul
         .with_context(|| format!("appending to {}", p.display()))
 }
 
-/// Keep the events at or before `step` (and the version event); drop a record a crash
-/// cut. Atomic rewrite; nothing to do without a file.
+/// A new events file holding its version event, named after the time (and after
+/// every existing file).
+fn start_file(run_dir: &Path) -> Result<PathBuf> {
+    let dir = run_dir.join(DIR);
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    let mut p = dir.join(format!(
+        "events.out.tfevents.{:010}.{:09}.concord",
+        t.as_secs(),
+        t.subsec_nanos()
+    ));
+    if let Some(last) = files(run_dir)?.pop().filter(|last| *last >= p) {
+        // A clock set back: still sort after the newest.
+        let name = last
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or_default();
+        p = dir.join(name.replace(".concord", ".1.concord"));
+    }
+    let version = record(&encode(&Event {
+        wall_time: now(),
+        step: 0,
+        file_version: Some(FILE_VERSION.into()),
+        scalars: Vec::new(),
+    }));
+    crate::atomic::atomic_write_bytes(&p, &version)?;
+    Ok(p)
+}
+
+/// A resume from `step`: every file keeps its events at or before `step` (and its
+/// version event), a record a crash cut at a file's end is dropped, and the resumed
+/// run appends to a new file. Atomic rewrites; nothing to do without files.
 pub fn truncate(run_dir: &Path, step: usize) -> Result<()> {
-    let p = path(run_dir);
-    let bytes = match std::fs::read(&p) {
-        Ok(b) => b,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-        Err(e) => return Err(e).with_context(|| format!("reading {}", p.display())),
-    };
-    let mut out = Vec::new();
-    for data in records(&bytes, true).with_context(|| format!("reading {}", p.display()))? {
-        let e = decode(data).with_context(|| format!("reading {}", p.display()))?;
-        if e.file_version.is_some() || e.step <= step as i64 {
-            out.extend(record(data));
+    let all = files(run_dir)?;
+    if all.is_empty() {
+        return Ok(());
+    }
+    for p in all {
+        let bytes = std::fs::read(&p).with_context(|| format!("reading {}", p.display()))?;
+        let mut out = Vec::new();
+        for data in records(&bytes, true).with_context(|| format!("reading {}", p.display()))? {
+            let e = decode(data).with_context(|| format!("reading {}", p.display()))?;
+            if e.file_version.is_some() || e.step <= step as i64 {
+                out.extend(record(data));
+            }
+        }
+        if out != bytes {
+            crate::atomic::atomic_write_bytes(&p, &out)?;
         }
     }
-    crate::atomic::atomic_write_bytes(&p, &out)
+    start_file(run_dir).map(|_| ())
 }
 
 /// Remove an earlier run's events (a fresh run starts fresh logs).
 pub fn remove(run_dir: &Path) -> Result<()> {
-    let p = path(run_dir);
-    if p.exists() {
+    for p in files(run_dir)? {
         std::fs::remove_file(&p).with_context(|| format!("removing {}", p.display()))?;
     }
     Ok(())
@@ -148,18 +203,23 @@ pub fn records(bytes: &[u8], allow_cut_tail: bool) -> Result<Vec<&[u8]>> {
     let mut at = 0;
     while at < bytes.len() {
         let rest = &bytes[at..];
-        let whole = rest.len() >= 16 && {
-            let len = u64::from_le_bytes(rest[..8].try_into().unwrap_or_default());
-            masked_crc(&rest[..8]) == u32_at(rest, 8)
-                && (rest.len() as u64).saturating_sub(16) >= len
+        // A crash cuts the last record short; a length whose CRC fails is damage.
+        let header = rest.len() >= 12;
+        if header && masked_crc(&rest[..8]) != u32_at(rest, 8) {
+            bail!("record at byte {at}: its length's CRC does not match");
+        }
+        let len = if header {
+            u64::from_le_bytes(rest[..8].try_into().unwrap_or_default())
+        } else {
+            0
         };
-        if !whole {
+        if !header || (rest.len() as u64) < len.saturating_add(16) {
             if allow_cut_tail {
                 break;
             }
-            bail!("record at byte {at}: cut or its length's CRC does not match");
+            bail!("record at byte {at}: cut short");
         }
-        let len = u64::from_le_bytes(rest[..8].try_into().unwrap_or_default()) as usize;
+        let len = len as usize;
         let data = &rest[12..12 + len];
         if masked_crc(data) != u32_at(rest, 12 + len) {
             if allow_cut_tail && at + 16 + len == bytes.len() {
@@ -371,8 +431,8 @@ mod tests {
     }
 
     /// Rows appended as CSV come back as scalars at their steps; a resume's truncation
-    /// keeps the version event and the steps up to the checkpoint, and drops a record
-    /// a crash cut.
+    /// keeps the version event and the steps up to the checkpoint, drops a record a
+    /// crash cut, and goes on in a newer file.
     #[test]
     fn csv_rows_become_scalars_and_a_resume_truncates_them() {
         let d = tempfile::tempdir().unwrap();
@@ -383,7 +443,9 @@ mod tests {
             let line = format!("{step},main,{},0.5,", step as f64 / 8.0);
             append_csv_row(d.path(), "train", &header, &line, step).unwrap();
         }
-        let events = read(&path(d.path())).unwrap();
+        let first = files(d.path()).unwrap();
+        assert_eq!(first.len(), 1);
+        let events = read_all(d.path()).unwrap();
         assert_eq!(events.len(), 5);
         assert_eq!(events[0].file_version.as_deref(), Some("brain.Event:2"));
         assert_eq!(
@@ -391,25 +453,36 @@ mod tests {
             vec![("train/reward".into(), 0.375), ("train/kl".into(), 0.5)]
         );
         assert_eq!(events[3].step, 3);
-        let mut bytes = std::fs::read(path(d.path())).unwrap();
+        let mut bytes = std::fs::read(&first[0]).unwrap();
         bytes.truncate(bytes.len() - 5);
-        std::fs::write(path(d.path()), &bytes).unwrap();
+        std::fs::write(&first[0], &bytes).unwrap();
         truncate(d.path(), 2).unwrap();
-        let steps: Vec<i64> = read(&path(d.path()))
-            .unwrap()
-            .iter()
-            .map(|e| e.step)
-            .collect();
-        assert_eq!(steps, vec![0, 1, 2]);
+        let steps =
+            |d: &Path| -> Vec<i64> { read_all(d).unwrap().iter().map(|e| e.step).collect() };
+        assert_eq!(steps(d.path()), vec![0, 1, 2, 0]);
         append_csv_row(d.path(), "train", &header, "3,main,0.25,0.1,", 3).unwrap();
-        let steps: Vec<i64> = read(&path(d.path()))
-            .unwrap()
-            .iter()
-            .map(|e| e.step)
-            .collect();
-        assert_eq!(steps, vec![0, 1, 2, 3]);
+        let now = files(d.path()).unwrap();
+        assert_eq!((now.len(), &now[0]), (2, &first[0]), "a newer file");
+        assert_eq!(steps(d.path()), vec![0, 1, 2, 0, 3]);
         remove(d.path()).unwrap();
-        assert!(!path(d.path()).exists());
+        assert!(files(d.path()).unwrap().is_empty());
         truncate(d.path(), 2).unwrap();
+        assert!(files(d.path()).unwrap().is_empty());
+    }
+
+    /// Damage before a file's last record is an error, even where a cut tail is
+    /// forgiven: a length whose CRC fails is not what a crash leaves.
+    #[test]
+    fn a_damaged_length_is_an_error_not_a_cut_tail() {
+        let (a, b) = (record(b"first"), record(b"second"));
+        let mut file = [a.clone(), b.clone()].concat();
+        file[a.len() + 2] ^= 1;
+        assert!(records(&file, true).is_err());
+        assert!(records(&[a.clone(), b[..13].to_vec()].concat(), true).is_ok());
+        assert!(records(&[a.clone(), b[..10].to_vec()].concat(), true).is_ok());
+        let mut zero = record(b"");
+        assert_eq!(records(&zero, false).unwrap(), vec![&b""[..]]);
+        zero.truncate(14);
+        assert!(records(&zero, true).unwrap().is_empty());
     }
 }

@@ -244,7 +244,7 @@ async fn serve(
         })
         .await
         .context("serving")?;
-    app.registry.clear();
+    app.registry.close_all();
     // Upgraded WebSocket connections outlive axum's graceful shutdown: wait for the
     // sessions (told "going away") to hand their slots back.
     let all = u32::try_from(app.max_sessions).unwrap_or(u32::MAX);

@@ -117,6 +117,11 @@ impl Registry {
             .retain(|_, e| e.attached || e.last_active.elapsed() <= idle);
     }
 
+    /// How long since `id` was last used (None: unknown).
+    pub fn idle_for(&self, id: &str) -> Option<Duration> {
+        self.entries().get(id).map(|e| e.last_active.elapsed())
+    }
+
     pub fn len(&self) -> usize {
         self.entries().len()
     }
@@ -125,9 +130,13 @@ impl Registry {
         self.len() == 0
     }
 
-    /// Drop every session (shutdown: their slots go back).
-    pub fn clear(&self) {
-        self.entries().clear();
+    /// Shutdown: drop every session; one with a WebSocket attached goes at its detach,
+    /// so its slot comes back only then and the server's drain waits for that socket.
+    pub fn close_all(&self) {
+        self.entries().retain(|_, e| {
+            e.pending_close = true;
+            e.attached
+        });
     }
 }
 
@@ -177,7 +186,9 @@ mod tests {
         assert_eq!(r.len(), 2);
         r.reap(Some(Duration::from_millis(10)));
         assert!(r.get(&a).is_none() && r.get(&b).is_some());
-        r.clear();
+        r.close_all();
+        assert_eq!(slots.available_permits(), 3, "b is attached");
+        r.detach(&b);
         assert_eq!(slots.available_permits(), 4);
     }
 }

@@ -58,9 +58,22 @@ enum Held {
         _slot: OwnedSemaphorePermit,
     },
     /// A registered one (`?session_id=`), which holds the slot itself.
-    Registered(String, SessionRef),
+    Registered(Attached, SessionRef),
     /// Detached from its registered session (the connection is closing).
     Detached,
+}
+
+/// A WebSocket's hold on a registered session: released when dropped, so a task that
+/// ends any way at all (a panic included) hands the session back.
+struct Attached {
+    app: App,
+    id: String,
+}
+
+impl Drop for Attached {
+    fn drop(&mut self) {
+        self.app.registry.detach(&self.id);
+    }
 }
 
 impl Held {
@@ -74,20 +87,35 @@ impl Held {
 
     /// Hand a registered session back before the close frame goes out: a client that
     /// closes its session right after the close handshake finds it detached.
-    fn detach(&mut self, app: &App) {
-        if let Held::Registered(id, _) = self {
-            app.registry.detach(id);
-        }
+    fn detach(&mut self) {
         *self = Held::Detached;
+    }
+
+    /// A registered session played over HTTP (`tools/call`) within `idle`: its quiet
+    /// WebSocket is not idle.
+    fn used_within(&self, app: &App, idle: Option<std::time::Duration>) -> bool {
+        match (self, idle) {
+            (Held::Registered(a, _), Some(d)) => {
+                app.registry.idle_for(&a.id).is_some_and(|t| t < d)
+            }
+            _ => false,
+        }
     }
 }
 
 /// A connection's session: the registered one it names, else a new one in a free
 /// slot. None (after telling the client why and closing) when neither.
 async fn hold(socket: &mut WebSocket, app: &App, registered: Option<String>) -> Option<Held> {
+    app.registry.reap(app.idle);
     if let Some(sid) = registered {
         return match app.registry.attach(&sid) {
-            Ok(s) => Some(Held::Registered(sid, s)),
+            Ok(s) => {
+                let a = Attached {
+                    app: app.clone(),
+                    id: sid,
+                };
+                Some(Held::Registered(a, s))
+            }
             Err(msg) => {
                 warn!(session_id = %sid, %msg, "attach refused");
                 let _ = send(
@@ -145,6 +173,7 @@ async fn session(mut socket: WebSocket, app: App, registered: Option<String>) {
         let msg = match next {
             Recv::Frame(m) => m,
             Recv::Gone => break "client closed",
+            Recv::Idle if held.used_within(&app, app.idle) => continue,
             Recv::Idle => {
                 let e = WireError::new(
                     ErrorCode::SessionError,
@@ -194,13 +223,13 @@ async fn session(mut socket: WebSocket, app: App, registered: Option<String>) {
                 }
             }
             None => {
-                held.detach(&app);
+                held.detach();
                 close(&mut socket, NORMAL, "closed").await;
                 break "close message";
             }
         }
     };
-    held.detach(&app);
+    held.detach();
     info!(session = id, frames, reason, "session closed");
 }
 
