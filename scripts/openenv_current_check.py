@@ -26,41 +26,19 @@ import asyncio
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
-import time
 from importlib.metadata import version
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from openenv_interop import free_port, wait_healthy  # noqa: E402
 ENVS = {
     "ticketmelt": '{"commitment": "MONITOR"}',
     "merge_ring": '{"action": "yield"}',
     "whispers": '{"tool": "wait"}',
     "postmortem": '{"tool": "submit"}',
 }
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_healthy(port, proc, timeout=60.0):
-    import urllib.request
-
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            sys.exit(f"concord serve exited early with code {proc.returncode}")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1) as r:
-                if json.load(r).get("status") == "healthy":
-                    return
-        except OSError:
-            time.sleep(0.2)
-    sys.exit(f"concord serve did not become healthy on port {port}")
 
 
 def validate(port):
@@ -119,7 +97,7 @@ def check(concord, name, answer, seed):
     server = subprocess.Popen([concord, "serve", name, "--port", str(port)], cwd=ROOT,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        wait_healthy(port, server)
+        wait_healthy(port, server, "concord serve")
         report, passed = validate(port)
         rewards, final, tools = asyncio.run(play_mcp(port, seed, answer))
         ws_rewards, ws_final = play_ws(port, seed, answer, len(rewards))
