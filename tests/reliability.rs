@@ -1802,3 +1802,24 @@ fn sigterm_in_a_standalone_sft_checkpoints_and_resume_continues_it() {
     assert_eq!(rc, Some(0), "{err}");
     assert_eq!(log_rows(&run_dir), last + 1);
 }
+
+/// Issue #31, item 19: credentials in an `[env] url` never reach the output of a
+/// run that cannot connect (the error names the server, redacted).
+#[test]
+fn credentials_in_an_env_url_stay_out_of_the_output() {
+    let d = tempfile::tempdir().unwrap();
+    let cfg = write_config(d.path(), 1, 0);
+    let (rc, err) = train(&[
+        "--config",
+        cfg.to_str().unwrap(),
+        "--set",
+        "env.url=ws://user:hunter2secret@127.0.0.1:1",
+        "--set",
+        "env.mode=episode",
+        "--set",
+        "env.timeout=2.0",
+    ]);
+    assert_ne!(rc, Some(0), "{err}");
+    assert!(err.contains("127.0.0.1:1"), "names the server: {err}");
+    assert!(!err.contains("hunter2secret"), "{err}");
+}

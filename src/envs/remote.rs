@@ -317,11 +317,13 @@ impl RemoteEnv {
 /// Connect with a timeout on the TCP connect, the handshake and every write; reads
 /// wake every [`WAIT_TICK`] so that [`Wait`] can report and bound them.
 fn connect(url: &str, timeout: Duration) -> Result<Socket> {
-    let hostport = url
+    let authority = url
         .trim_start_matches("ws://")
         .split('/')
         .next()
         .unwrap_or_default();
+    // `user:password@` is for the handshake, not the address (and never printed).
+    let hostport = authority.rsplit('@').next().unwrap_or_default();
     let addr = hostport
         .to_socket_addrs()
         .with_context(|| format!("resolving {hostport}"))?
