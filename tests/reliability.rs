@@ -676,6 +676,38 @@ fn load_err(dir: &Path) -> String {
     format!("{:#}", load_model(&spec).err().expect("must fail"))
 }
 
+/// Issue #31, item 23: a base checkpoint whose weights hold NaN or an infinity is
+/// refused at load, naming the tensor (it would make every step a skipped NaN).
+#[test]
+fn a_base_checkpoint_holding_nan_is_refused_by_tensor_name() {
+    let d = tempfile::tempdir().unwrap();
+    for (i, bad) in [f32::NAN, f32::NEG_INFINITY].into_iter().enumerate() {
+        let m = edited_tiny(&d.path().join(format!("m{i}")), |_| {});
+        let p = m.join("model.safetensors");
+        let bytes = std::fs::read(&p).unwrap();
+        let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+        let name = "model.layers.0.mlp.up_proj.weight";
+        let mut tensors: Vec<(String, Vec<u8>, Vec<usize>, safetensors::Dtype)> = st
+            .tensors()
+            .into_iter()
+            .map(|(n, v)| (n, v.data().to_vec(), v.shape().to_vec(), v.dtype()))
+            .collect();
+        let t = tensors.iter_mut().find(|t| t.0 == name).unwrap();
+        assert_eq!(t.3, safetensors::Dtype::F32);
+        t.1[4..8].copy_from_slice(&bad.to_le_bytes());
+        let views: Vec<(String, safetensors::tensor::TensorView)> = tensors
+            .iter()
+            .map(|(n, b, s, dt)| {
+                let v = safetensors::tensor::TensorView::new(*dt, s.clone(), b).unwrap();
+                (n.clone(), v)
+            })
+            .collect();
+        std::fs::write(&p, safetensors::serialize(views, &None).unwrap()).unwrap();
+        let e = load_err(&m);
+        assert!(e.contains(name) && e.contains("NaN or infinite"), "{e}");
+    }
+}
+
 #[test]
 fn bad_checkpoints_are_named_errors() {
     let d = tempfile::tempdir().unwrap();

@@ -575,9 +575,28 @@ pub fn load_weights(
         } else {
             t.to_dtype(dtype)?
         };
+        ensure_finite(&name, &t).with_context(|| display_files(files))?;
         out.insert(name, t);
     }
     Ok(out)
+}
+
+/// A base weight holding NaN or an infinity would turn every forward into NaN and the
+/// run into skipped steps; refuse it at load, by name. `t - t` is 0 where `t` is finite
+/// and NaN where it is not, so one sum says which.
+pub fn ensure_finite(name: &str, t: &candle_core::Tensor) -> Result<()> {
+    let s = t
+        .sub(t)?
+        .to_dtype(DType::F32)?
+        .sum_all()?
+        .to_scalar::<f32>()?;
+    if s.is_nan() {
+        bail!(
+            "tensor {name} holds NaN or infinite values: the checkpoint is damaged or was \
+             saved from a diverged run"
+        );
+    }
+    Ok(())
 }
 
 /// Whether config.json sets `tie_word_embeddings` to false explicitly (absent means

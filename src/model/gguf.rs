@@ -630,6 +630,8 @@ pub fn load_gguf(path: &Path, dtype: DType, device: &Device) -> Result<GgufModel
         } else {
             t.to_dtype(dtype)?
         };
+        crate::model::checkpoint::ensure_finite(&hf, &t)
+            .with_context(|| format!("GGUF tensor {g} in {}", path.display()))?;
         weights.insert(hf, t.to_device(device)?);
     }
 
