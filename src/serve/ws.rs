@@ -30,6 +30,11 @@ const PROTOCOL_ERROR: u16 = 1002;
 const TOO_BIG: u16 = 1009;
 /// At capacity.
 const TRY_AGAIN_LATER: u16 = 1013;
+/// How long a connection stays open after the close frame that answers a broken frame.
+/// The rest of that frame is still unread, and closing a socket with unread data sends
+/// a TCP reset, which can destroy the error and the close frame before the client has
+/// read them.
+const BROKEN_FRAME_LINGER: std::time::Duration = std::time::Duration::from_secs(1);
 
 async fn close(socket: &mut WebSocket, code: u16, reason: &str) {
     let frame = CloseFrame {
@@ -231,6 +236,10 @@ async fn session(mut socket: WebSocket, app: App, registered: Option<String>) {
     };
     held.detach();
     info!(session = id, frames, reason, "session closed");
+    if reason == "broken frame" {
+        // detached: the slot is free already, only the socket waits
+        tokio::time::sleep(BROKEN_FRAME_LINGER).await;
+    }
 }
 
 /// The reply to one text frame; None for `close`.
