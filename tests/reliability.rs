@@ -262,6 +262,36 @@ fn reusing_a_run_name_is_refused_and_overwrite_replaces_the_run() {
     assert!(!stale.exists());
 }
 
+/// Item 9: a start that fails at its first step gives its run name back, whatever it
+/// wrote before failing (`config.toml` is written before the first step).
+#[test]
+fn a_start_that_fails_at_its_first_step_leaves_the_name_free() {
+    let d = tempfile::tempdir().unwrap();
+    let cfg = write_config(d.path(), 1, 1);
+    let c = cfg.to_str().unwrap();
+    let run_dir = d.path().join("runs/r");
+    let unreachable = [
+        "--config",
+        c,
+        "--set",
+        "env.url=\"ws://127.0.0.1:1\"",
+        "--set",
+        "env.mode=\"episode\"",
+    ];
+    for attempt in 1..=2 {
+        let (rc, err) = train(&unreachable);
+        assert_eq!(rc, Some(1), "attempt {attempt}: {err}");
+        assert!(err.contains("127.0.0.1:1"), "attempt {attempt}: {err}");
+        assert!(
+            !err.contains("already holds a run"),
+            "attempt {attempt}: {err}"
+        );
+    }
+    let (rc, err) = train(&["--config", c]);
+    assert_eq!(rc, Some(0), "{err}");
+    assert_eq!(log_rows(&run_dir), 1);
+}
+
 // ---------------------------------------------------------------------------------------
 // 2. Lock; kill -9 releases it
 // ---------------------------------------------------------------------------------------
