@@ -18,10 +18,13 @@
 //! stage's mixture, drawn with the `envs` weights. `[stage.grpo]` / `[stage.optim]`
 //! override top-level keys for that stage only. `mode = "episode"` makes a stage train
 //! whole trajectories of its (single) environment, `mode = "decision"` single decisions
-//! (default: `[env] mode`); successive stages may differ. A config without stages is
-//! one open-ended stage named `main` on `[env]`.
-use crate::config::stage::{check, length_of, resolve_config, stage_envs, StageLength};
-use crate::config::Config;
+//! (default: `[env] mode`); successive stages may differ. A stage without `envs`
+//! trains `[env]`, an OpenEnv server (`[env] url`) included. A config without stages
+//! is one open-ended stage named `main` on `[env]`.
+use crate::config::stage::{
+    check, length_of, resolve_config, stage_envs, trains_server, StageLength, StageSpec,
+};
+use crate::config::{Config, EnvConfig};
 use crate::task::{episode::EpisodeTask, EnvTask, MixtureTask, Task};
 use anyhow::{anyhow, Result};
 
@@ -40,14 +43,7 @@ pub fn build(cfg: &Config) -> Result<Vec<Stage>> {
             .env
             .as_ref()
             .ok_or_else(|| anyhow!("missing [env] (or [[stage]] tables)"))?;
-        let task: Box<dyn Task> = if env.is_episode() {
-            Box::new(
-                EpisodeTask::from_factory(env.factory()?, env.shaped_rewards)
-                    .with_max_turn_tokens(env.max_turn_tokens),
-            )
-        } else {
-            Box::new(EnvTask::new(&env.name, &env.options)?.continued_by(env.continue_with))
-        };
+        let task = env_task(env)?;
         return Ok(vec![Stage {
             name: "main".into(),
             length: StageLength::Open,
@@ -62,27 +58,10 @@ pub fn build(cfg: &Config) -> Result<Vec<Stage>> {
         .enumerate()
         .map(|(i, s)| {
             let resolved = resolve_config(cfg, s)?;
-            let envs = stage_envs(cfg, s)?;
-            let task: Box<dyn Task> = match resolved.env.as_ref().filter(|e| e.is_episode()) {
-                // `check` allows one environment in an episode stage.
-                Some(env) => Box::new(
-                    EpisodeTask::new(&envs[0].0, &envs[0].2, env.shaped_rewards)?
-                        .with_max_turn_tokens(env.max_turn_tokens),
-                ),
-                None => {
-                    let who = resolved
-                        .env
-                        .as_ref()
-                        .map(|e| e.continue_with)
-                        .unwrap_or_default();
-                    Box::new(MixtureTask::new(
-                        envs.into_iter()
-                            .map(|(name, w, opts)| {
-                                Ok((EnvTask::new(&name, &opts)?.continued_by(who), w))
-                            })
-                            .collect::<Result<Vec<_>>>()?,
-                    ))
-                }
+            let task: Box<dyn Task> = match resolved.env.as_ref().filter(|_| trains_server(cfg, s))
+            {
+                Some(env) => env_task(env)?,
+                None => stage_task(cfg, s, &resolved)?,
             };
             Ok(Stage {
                 name: s.name.clone(),
@@ -92,6 +71,42 @@ pub fn build(cfg: &Config) -> Result<Vec<Stage>> {
             })
         })
         .collect()
+}
+
+/// The task of `[env]` alone, in its mode: a registry environment or a server.
+fn env_task(env: &EnvConfig) -> Result<Box<dyn Task>> {
+    Ok(if env.is_episode() {
+        Box::new(
+            EpisodeTask::from_factory(env.factory()?, env.shaped_rewards)
+                .with_max_turn_tokens(env.max_turn_tokens),
+        )
+    } else {
+        Box::new(EnvTask::from_factory(env.factory()?).continued_by(env.continue_with))
+    })
+}
+
+/// The task of a stage's built-in environments (`envs`, or `[env]`'s).
+fn stage_task(cfg: &Config, s: &StageSpec, resolved: &Config) -> Result<Box<dyn Task>> {
+    let envs = stage_envs(cfg, s)?;
+    Ok(match resolved.env.as_ref().filter(|e| e.is_episode()) {
+        // `check` allows one environment in an episode stage.
+        Some(env) => Box::new(
+            EpisodeTask::new(&envs[0].0, &envs[0].2, env.shaped_rewards)?
+                .with_max_turn_tokens(env.max_turn_tokens),
+        ),
+        None => {
+            let who = resolved
+                .env
+                .as_ref()
+                .map(|e| e.continue_with)
+                .unwrap_or_default();
+            Box::new(MixtureTask::new(
+                envs.into_iter()
+                    .map(|(name, w, opts)| Ok((EnvTask::new(&name, &opts)?.continued_by(who), w)))
+                    .collect::<Result<Vec<_>>>()?,
+            ))
+        }
+    })
 }
 
 /// The most steps the whole run can take: `run.steps`, or less when every stage is

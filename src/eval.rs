@@ -69,6 +69,12 @@ pub fn eval_envs(cfg: &Config) -> Result<Vec<(String, Box<dyn EnvFactory>)>> {
                 .context("missing [env] (or [[stage]] tables)")?;
             return Ok(vec![(env.label(), env.factory()?)]);
         }
+        Some(s) if crate::config::stage::trains_server(cfg, s) => {
+            let env = crate::config::stage::resolve_config(cfg, s)?
+                .env
+                .context("a stage without [env]")?;
+            return Ok(vec![(env.label(), env.factory()?)]);
+        }
         Some(s) => crate::config::stage::stage_envs(cfg, s)?
             .into_iter()
             .map(|(name, _weight, opts)| (name, opts))

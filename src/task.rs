@@ -8,6 +8,7 @@
 //!   one policy seat at the start of an episode, each completion a whole trajectory.
 //! - tests implement [`Task`] directly for toy rewards.
 use crate::config::{Config, ContinueWith};
+use crate::envs::rollout::Policy;
 use crate::envs::{self, EnvFactory, Reward};
 use crate::model::qwen2::Qwen2;
 use crate::rng::mix_seeds as mix;
@@ -59,6 +60,19 @@ pub trait Task {
         let _ = prompt;
         None
     }
+    /// Decision mode on an environment with no scripted policy (a remote server):
+    /// [`Task::prompts`] gives undrawn prompts (a seed each), and this draws their
+    /// decisions by letting `policy` (the model) play ([`envs::sample_decisions_with`]),
+    /// filling in each prompt. Default: the prompts are drawn already.
+    fn play_to_decisions(
+        &self,
+        prompts: &mut [TaskPrompt],
+        policy: &mut dyn Policy,
+        renderer: &dyn Renderer,
+    ) -> Result<()> {
+        let _ = (prompts, policy, renderer);
+        Ok(())
+    }
 }
 
 /// A task whose completions are whole trajectories ([`episode::EpisodeTask`]).
@@ -93,18 +107,30 @@ pub struct Played {
     pub won: bool,
 }
 
-/// A registry environment: each prompt is one policy seat's decision.
+/// One environment in decision mode: each prompt is one policy seat's decision.
 pub struct EnvTask {
     factory: Box<dyn EnvFactory>,
     continue_with: ContinueWith,
 }
 
+/// A prompt of an environment with no scripted policy, before the model has played
+/// to its decision ([`Task::play_to_decisions`]).
+struct Undrawn {
+    seed: u64,
+}
+
 impl EnvTask {
+    /// A registry environment.
     pub fn new(name: &str, options: &envs::Options) -> Result<Self> {
-        Ok(Self {
-            factory: envs::create(name, options)?,
+        Ok(Self::from_factory(envs::create(name, options)?))
+    }
+
+    /// Any environment, a remote server's included.
+    pub fn from_factory(factory: Box<dyn EnvFactory>) -> Self {
+        Self {
+            factory,
             continue_with: ContinueWith::Scripted,
-        })
+        }
     }
 
     /// Who plays each decision's episode to its end (`[env] continue_with`).
@@ -119,6 +145,11 @@ impl Task for EnvTask {
         self.factory.name().to_string()
     }
     fn component_names(&self) -> Vec<String> {
+        if !self.factory.scripted() {
+            // a server's reward has its components from the start
+            let env = self.factory.reset(0);
+            return env.reward(0).components.into_keys().collect();
+        }
         let d = envs::sample_decision(self.factory.as_ref(), 0);
         envs::score_decision(&d, "")
             .components
@@ -129,13 +160,15 @@ impl Task for EnvTask {
         (0..n)
             .map(|i| {
                 let episode_seed = envs::training_seed(mix(seed, i as u64));
+                if !self.factory.scripted() {
+                    return Ok(TaskPrompt {
+                        ids: Vec::new(),
+                        text: String::new(),
+                        state: Box::new(Undrawn { seed: episode_seed }),
+                    });
+                }
                 let d = envs::sample_decision(self.factory.as_ref(), episode_seed);
-                let (text, ids) = renderer.render(&d.messages)?;
-                Ok(TaskPrompt {
-                    ids,
-                    text,
-                    state: Box::new(d),
-                })
+                render_decision(d, renderer)
             })
             .collect()
     }
@@ -152,6 +185,38 @@ impl Task for EnvTask {
             ContinueWith::Scripted => None,
         }
     }
+    fn play_to_decisions(
+        &self,
+        prompts: &mut [TaskPrompt],
+        policy: &mut dyn Policy,
+        renderer: &dyn Renderer,
+    ) -> Result<()> {
+        let undrawn: Vec<usize> = (0..prompts.len())
+            .filter(|&i| prompts[i].state.is::<Undrawn>())
+            .collect();
+        let seeds: Vec<u64> = undrawn
+            .iter()
+            .filter_map(|&i| prompts[i].state.downcast_ref::<Undrawn>().map(|u| u.seed))
+            .collect();
+        if seeds.is_empty() {
+            return Ok(());
+        }
+        let decisions = envs::sample_decisions_with(self.factory.as_ref(), &seeds, policy)?;
+        for (i, d) in undrawn.into_iter().zip(decisions) {
+            prompts[i] = render_decision(d, renderer)?;
+        }
+        Ok(())
+    }
+}
+
+/// A decision as a prompt: its observation rendered.
+fn render_decision(d: envs::Decision, renderer: &dyn Renderer) -> Result<TaskPrompt> {
+    let (text, ids) = renderer.render(&d.messages)?;
+    Ok(TaskPrompt {
+        ids,
+        text,
+        state: Box::new(d),
+    })
 }
 
 /// Prompts from several environments: each prompt's environment is drawn with the
@@ -248,6 +313,26 @@ impl Task for MixtureTask {
         }
         let t = prompt.state.downcast_ref::<Tagged>()?;
         self.envs[t.env].0.model_continued(&t.inner)
+    }
+
+    fn play_to_decisions(
+        &self,
+        prompts: &mut [TaskPrompt],
+        policy: &mut dyn Policy,
+        renderer: &dyn Renderer,
+    ) -> Result<()> {
+        if self.envs.len() == 1 {
+            return self.envs[0].0.play_to_decisions(prompts, policy, renderer);
+        }
+        for p in prompts.iter_mut() {
+            if let Some(t) = p.state.downcast_mut::<Tagged>() {
+                let env = &self.envs[t.env].0;
+                env.play_to_decisions(std::slice::from_mut(&mut t.inner), policy, renderer)?;
+                p.ids = t.inner.ids.clone();
+                p.text = t.inner.text.clone();
+            }
+        }
+        Ok(())
     }
 }
 

@@ -744,6 +744,266 @@ fn train_on_a_served_environment_then_lose_it_with_a_checkpoint() {
     assert!(t.run_dir.join("checkpoint-2").is_dir());
 }
 
+/// Well-formed ticketmelt answers (a malformed one zeroes the episode's reward).
+const COMMIT: [&str; 3] = [
+    r#"{"commitment":"DEPLOY_PROD_A"}"#,
+    r#"{"commitment":"DEPLOY_PROD_B"}"#,
+    r#"{"commitment":"MONITOR"}"#,
+];
+
+/// A policy for both sides of a remote-vs-local comparison: the answer is a function
+/// of the episode's seed and its steps so far, read from its transcript.
+fn by_transcript() -> impl envs::rollout::Policy {
+    envs::rollout::EachTurn(|env: &mut dyn envs::Environment, _seat| {
+        let t = env.transcript();
+        let (seed, steps) = (
+            t["seed"].as_u64().unwrap(),
+            t["steps"].as_array().unwrap().len(),
+        );
+        Ok(COMMIT[(seed as usize + steps * steps) % 3].to_string())
+    })
+}
+
+#[test]
+fn a_copied_remote_episode_replays_its_actions_in_a_session_of_its_own() {
+    let h = server(8, None);
+    let f = RemoteFactory::new(RemoteSpec::new(format!("ws://{}", h.addr))).unwrap();
+    let local = envs::create("ticketmelt", &Options::new()).unwrap();
+    let mut env = f.try_reset(5).unwrap();
+    let mut l = local.reset(5);
+    for i in 0..3 {
+        env.step(&[text(5, i)]).unwrap();
+        l.step(&[text(5, i)]).unwrap();
+    }
+    // two copies, and a copy of a copy, each go their own way from step 3
+    let mut a = env.clone_box();
+    let mut b = env.clone_box();
+    let mut c = a.clone_box();
+    let mut la = l.clone_box();
+    let mut lb = l.clone_box();
+    for i in 3..5 {
+        let x = a.step(&[text(5, i)]).unwrap();
+        assert_eq!(x.rewards, wire(la.step(&[text(5, i)]).unwrap().rewards));
+        let y = b.step(&[text(9, i)]).unwrap();
+        assert_eq!(y.rewards, wire(lb.step(&[text(9, i)]).unwrap().rewards));
+        c.step(&[text(5, i)]).unwrap();
+    }
+    assert_eq!(a.observation(0), la.observation(0));
+    assert_eq!(b.observation(0), lb.observation(0));
+    assert_eq!(c.observation(0), a.observation(0));
+    assert_ne!(
+        a.observation(0),
+        b.observation(0),
+        "the copies are independent"
+    );
+    // the original session is where it was
+    assert_eq!(env.observation(0), l.observation(0));
+    env.step(&[text(7, 3)]).unwrap();
+    l.step(&[text(7, 3)]).unwrap();
+    assert_eq!(env.observation(0), l.observation(0));
+}
+
+/// An OpenEnv server whose episodes are not a function of the seed: every reset
+/// and step answers with a counter shared by all sessions.
+fn counting_server() -> String {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("ws://{}", listener.local_addr().unwrap());
+    let count = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    std::thread::spawn(move || {
+        while let Ok((s, _)) = listener.accept() {
+            let count = count.clone();
+            std::thread::spawn(move || {
+                let Ok(mut ws) = tungstenite::accept(s) else {
+                    return;
+                };
+                while let Ok(Message::Text(_)) = ws.read() {
+                    let n = count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    let reply = json!({"type": "observation", "data": {
+                        "observation": {"n": n}, "reward": 0.0, "done": false}});
+                    if ws.send(Message::text(reply.to_string())).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    url
+}
+
+#[test]
+fn a_server_that_does_not_replay_cannot_be_copied() {
+    let f = RemoteFactory::new(RemoteSpec::new(counting_server())).unwrap();
+    let mut env = f.try_reset(1).unwrap();
+    env.step(&["a".into()]).unwrap();
+    let mut copy = env.clone_box();
+    let err = format!("{:#}", copy.step(&["b".into()]).unwrap_err());
+    assert!(
+        err.contains("replaying seed 1") && err.contains("function of the seed"),
+        "{err}"
+    );
+    assert!(err.contains("mode = \"episode\""), "{err}");
+}
+
+#[test]
+fn remote_decisions_equal_the_same_decisions_in_process() {
+    let h = server(64, None);
+    let f = RemoteFactory::new(RemoteSpec::new(format!("ws://{}", h.addr))).unwrap();
+    let local = envs::create("ticketmelt", &Options::new()).unwrap();
+    let seeds: Vec<u64> = (0..8).map(|i| 1000 + 37 * i).collect();
+    let remote = envs::sample_decisions_with(&f, &seeds, &mut by_transcript()).unwrap();
+    let inproc = envs::sample_decisions_with(local.as_ref(), &seeds, &mut by_transcript()).unwrap();
+    let mut later = 0;
+    for (r, l) in remote.iter().zip(&inproc) {
+        assert_eq!((r.seed, r.seat, r.step), (l.seed, l.seat, l.step));
+        assert_eq!(r.messages, l.messages);
+        later += (r.step > 0) as usize;
+    }
+    assert!(
+        later >= 4,
+        "decisions fall inside the episode, not at its start"
+    );
+    // every decision's G answers, each finished by the same policy
+    let answers = COMMIT.map(str::to_string);
+    let items = |ds: &[envs::Decision]| -> Vec<(usize, String)> {
+        (0..ds.len())
+            .flat_map(|i| answers.iter().map(move |a| (i, a.clone())))
+            .collect()
+    };
+    let score = |ds: &[envs::Decision]| -> Vec<f64> {
+        let its = items(ds);
+        let refs: Vec<(&envs::Decision, &str)> =
+            its.iter().map(|(i, a)| (&ds[*i], a.as_str())).collect();
+        envs::score_decisions_with(&refs, &mut by_transcript())
+            .unwrap()
+            .into_iter()
+            .map(|r| r.scalar)
+            .collect()
+    };
+    let (rs, ls) = (score(&remote), score(&inproc));
+    assert_eq!(rs, wire(ls.clone()));
+    // the answer changes the outcome somewhere (else the check above says little)
+    assert!(
+        rs.chunks(answers.len())
+            .any(|g| g.iter().any(|x| *x != g[0])),
+        "{rs:?}"
+    );
+}
+
+/// [`remote_config`] in decision mode: the model draws and finishes each decision.
+fn remote_decision_config(dir: &std::path::Path, url: &str, steps: usize) -> std::path::PathBuf {
+    let p = remote_config(dir, url, steps);
+    let text = std::fs::read_to_string(&p)
+        .unwrap()
+        .replace("max_completion_length = 2048", "max_completion_length = 24")
+        .replace(
+            "mode = \"episode\"\nmax_turn_tokens = 16\n",
+            "mode = \"decision\"\ncontinue_with = \"model\"\n",
+        );
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
+fn train_log(cfg: &std::path::Path) -> String {
+    use concord::grpo::trainer::{run_train, TrainOptions};
+    run_train(TrainOptions {
+        config: Some(cfg.to_path_buf()),
+        sets: vec![],
+        resume: None,
+        overwrite: true,
+    })
+    .unwrap();
+    let dir = cfg.parent().unwrap().join("remote");
+    std::fs::read_to_string(dir.join("training_log.csv")).unwrap()
+}
+
+/// The columns of a training log that do not measure time.
+fn untimed(log: &str) -> Vec<Vec<String>> {
+    let rows: Vec<Vec<&str>> = log.lines().map(|l| l.split(',').collect()).collect();
+    let keep: Vec<usize> = (0..rows[0].len())
+        .filter(|&i| {
+            let h = rows[0][i];
+            !(h.contains("per_s") || h.contains("time") || h == "seconds" || h.contains("mem"))
+        })
+        .collect();
+    rows.iter()
+        .map(|r| keep.iter().map(|&i| r[i].to_string()).collect())
+        .collect()
+}
+
+fn column(log: &str, name: &str) -> Vec<String> {
+    let rows = untimed(log);
+    let i = rows[0]
+        .iter()
+        .position(|h| h == name)
+        .unwrap_or_else(|| panic!("{name}"));
+    rows[1..].iter().map(|r| r[i].clone()).collect()
+}
+
+#[test]
+fn train_in_decision_mode_on_a_served_environment_deterministically() {
+    let h = server(64, None);
+    let url = format!("ws://{}", h.addr);
+    let (d1, d2) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let first = train_log(&remote_decision_config(d1.path(), &url, 2));
+    assert_eq!(first.lines().count(), 3, "{first}");
+    assert!(column(&first, "rewards/remote_reward/mean")
+        .iter()
+        .all(|r| r.parse::<f64>().is_ok()));
+    let samples = std::fs::read_to_string(d1.path().join("remote").join("samples.jsonl")).unwrap();
+    assert!(samples.contains("remote_reward"), "{samples}");
+    let second = train_log(&remote_decision_config(d2.path(), &url, 2));
+    assert_eq!(untimed(&first), untimed(&second));
+}
+
+#[test]
+fn a_curriculum_trains_a_server_in_both_modes_and_a_built_in_between() {
+    let h = server(64, None);
+    let url = format!("ws://{}", h.addr);
+    let dir = tempfile::tempdir().unwrap();
+    let p = remote_decision_config(dir.path(), &url, 3);
+    let text = std::fs::read_to_string(&p).unwrap()
+        + r#"
+[[stage]]
+name = "decide"
+steps = 1
+
+[[stage]]
+name = "local"
+steps = 1
+envs = { ticketmelt = 1.0 }
+mode = "decision"
+
+[[stage]]
+name = "episodes"
+mode = "episode"
+[stage.grpo]
+max_completion_length = 64
+"#;
+    std::fs::write(&p, text).unwrap();
+    let cfg = concord::config::Config::load(&p, &[]).unwrap();
+    let evaluated = concord::eval::eval_envs(&cfg).unwrap();
+    assert_eq!(evaluated.len(), 1);
+    assert_eq!(evaluated[0].0, url, "the last stage's server is evaluated");
+    let log = train_log(&p);
+    assert_eq!(
+        column(&log, "stage"),
+        ["decide", "local", "episodes"],
+        "{log}"
+    );
+    assert_eq!(
+        column(&log, "env"),
+        ["remote", "ticketmelt", "remote"],
+        "{log}"
+    );
+    let remote = column(&log, "rewards/remote_reward/mean");
+    assert!(
+        remote[0].parse::<f64>().is_ok() && remote[2].parse::<f64>().is_ok(),
+        "{log}"
+    );
+    let turns = column(&log, "episode/mean_turns");
+    assert!(turns[2].parse::<f64>().unwrap() >= 1.0, "{log}");
+}
+
 #[test]
 fn remote_config_keys_are_checked() {
     use concord::config::Config;
@@ -751,7 +1011,12 @@ fn remote_config_keys_are_checked() {
     let ok = format!("{base}[env]\nurl = \"ws://127.0.0.1:1\"\nmode = \"episode\"\n");
     Config::from_toml_str(&ok, "t.toml", &[]).unwrap();
     for (bad, says) in [
-        ("[env]\nurl = \"ws://h:1\"\n", "mode = \"episode\""),
+        ("[env]\nurl = \"ws://h:1\"\n", "continue_with = \"model\""),
+        (
+            "[env]\nurl = \"ws://h:1\"\nmode = \"episode\"\n[[stage]]\nname = \"a\"\n\
+             [stage.options.x]\npeers = \"dumb\"\n",
+            "the [env] url server takes its options",
+        ),
         ("[env]\nurl = \"wss://h:1\"\nmode = \"episode\"\n", "TLS"),
         (
             "[env]\nurl = \"ws://h:1\"\nmode = \"episode\"\n[env.options]\npeers = \"dumb\"\n",

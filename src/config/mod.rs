@@ -582,7 +582,9 @@ pub struct EnvConfig {
     /// reward scores it. `scripted` (default): the environment's continuation policy;
     /// `model`: the model being trained, sampled as in training (an on-policy return,
     /// played as `concord eval` plays, so a decision is worth what the model itself
-    /// makes of it; it costs the sampling of every continuation).
+    /// makes of it; it costs the sampling of every continuation). With `url`, decision
+    /// mode needs `model`: a server has no scripted policy, so the model also plays to
+    /// each decision ([`crate::envs::sample_decisions_with`]).
     #[serde(default, skip_serializing_if = "ContinueWith::is_scripted")]
     pub continue_with: ContinueWith,
     /// Free table, validated by the environment.

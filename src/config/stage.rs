@@ -122,6 +122,17 @@ pub fn check(cfg: &Config) -> Result<()> {
             bail!("{}: duplicate stage name", ctx());
         }
         length_of(s, i + 1 == n).with_context(ctx)?;
+        if trains_server(cfg, s) {
+            if !s.options.is_empty() {
+                bail!(
+                    "{}: options configure built-in environments; the [env] url server \
+                     takes its options when it is started",
+                    ctx()
+                );
+            }
+            resolve_config(cfg, s).with_context(ctx)?;
+            continue;
+        }
         let env_list = stage_envs(cfg, s).with_context(ctx)?;
         for (name, _, opts) in &env_list {
             envs::create(name, opts).with_context(ctx)?;
@@ -182,6 +193,12 @@ pub fn length_of(s: &StageSpec, last: bool) -> Result<StageLength> {
             bail!("needs `steps` or `promote_when` (only the last stage may be open-ended)")
         }
     }
+}
+
+/// Whether the stage trains the `[env] url` server: a stage without `envs` trains
+/// `[env]`, and a stage with `envs` trains those built-in environments.
+pub fn trains_server(cfg: &Config, s: &StageSpec) -> bool {
+    s.envs.is_empty() && cfg.env.as_ref().is_some_and(|e| e.url.is_some())
 }
 
 /// The stage's environments and normalised weights.
@@ -265,6 +282,16 @@ pub fn resolve_config(cfg: &Config, s: &StageSpec) -> Result<Config> {
         )
     });
     env.mode = mode;
+    if env.url.is_some() && !s.envs.is_empty() {
+        // the stage trains built-in environments, not `[env]`'s server
+        env.url = None;
+        env.action_key = None;
+        env.observation_key = None;
+        env.max_steps = 0;
+        env.timeout = None;
+        env.name = s.envs.keys().next().cloned().unwrap_or_default();
+        env.options = Options::new();
+    }
     if mode == EnvMode::Episode {
         // `[env] continue_with` serves the run's decision stages.
         env.continue_with = ContinueWith::Scripted;

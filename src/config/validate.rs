@@ -42,17 +42,6 @@ impl Config {
                 ),
             });
         }
-        if let Some(env) = self.env.as_ref().filter(|_| !self.stages.is_empty()) {
-            if env.url.is_some() {
-                return Err(err(
-                    "env",
-                    "url",
-                    "[[stage]] curricula train built-in environments; an OpenEnv server \
-                     trains as one [env] without stages"
-                        .into(),
-                ));
-            }
-        }
         // A stage in episode mode checks these against its own resolved config.
         let any_episode_stage = self
             .stages
@@ -407,10 +396,15 @@ impl Config {
         if let Err(x) = spec.ws_url() {
             return Err(err("url", format!("{x:#}")));
         }
-        if !e.is_episode() {
+        // With stages, [env]'s mode is a default: each stage's resolved config checks
+        // its own.
+        if !e.is_episode() && e.continue_with.is_scripted() && self.stages.is_empty() {
             return Err(err(
                 "url",
-                "an OpenEnv server trains whole episodes: add mode = \"episode\" to [env]".into(),
+                "an OpenEnv server has no scripted policy to finish a decision's episode: \
+                 add continue_with = \"model\" to [env] (the model plays on), or train \
+                 whole episodes with mode = \"episode\""
+                    .into(),
             ));
         }
         if !e.options.is_empty() {

@@ -94,8 +94,8 @@ pub mod whispers;
 
 pub use behaviour::{Behaviour, BehaviourSummary, DecisionRecord, DecisionView, Recorder};
 pub use rollout::{
-    eval_seed, play_episode, replay, sample_decision, score_decision, score_decisions_with,
-    score_joint, training_seed, Decision, HELD_OUT_BIT,
+    eval_seed, play_episode, replay, sample_decision, sample_decisions_with, score_decision,
+    score_decisions_with, score_joint, training_seed, Decision, HELD_OUT_BIT,
 };
 pub use tools::{measure, wilson_ci, BaselineRow, BenchResult, Measured};
 
@@ -308,6 +308,12 @@ pub trait EnvFactory: Send + Sync {
     /// The [`Tools`] capability, if the environment has it.
     fn tools(&self) -> Option<&dyn Tools> {
         None
+    }
+    /// Whether its episodes have the [`Scripted`] capability, which draws and finishes
+    /// decisions ([`sample_decision`]); without it (a remote server) the model does
+    /// both ([`sample_decisions_with`], [`score_decisions_with`]).
+    fn scripted(&self) -> bool {
+        true
     }
 }
 

@@ -19,8 +19,15 @@
 //! - **Failures are loud**: a refused frame, a lost connection or a timeout is an
 //!   `Err` from `step` ([`ConnectionLost`] for the transport), never a zero reward;
 //!   the trainer then writes a checkpoint and stops with a resume hint.
-//! - **No fork**: a remote episode cannot be cloned or scored by a continuation
-//!   policy, so remote environments train in episode mode only.
+//! - **Fork by replay**: the protocol cannot copy a session, so a copy of an episode
+//!   ([`Environment::clone_box`]) opens its own session when it first steps, resets
+//!   with the seed and replays the recorded actions, and checks that the server gives
+//!   back the same rewards and observation. Decision mode forks a decision this way
+//!   for each of its G answers; a server whose episodes are not a function of the
+//!   seed and the actions is refused with an error that says so.
+//! - **No scripted policy**: nothing but the model can act on a server, so decision
+//!   mode has the model reach each decision and finish each answer's episode
+//!   ([`super::sample_decisions_with`], `[env] continue_with = "model"`).
 use super::{EnvFactory, Environment, Message, Reward, StepOutcome};
 use anyhow::{anyhow, bail, Context, Result};
 use serde_json::{json, Value};
@@ -30,6 +37,11 @@ use std::time::{Duration, Instant};
 use tungstenite::handshake::HandshakeError;
 use tungstenite::stream::MaybeTlsStream;
 use tungstenite::{Message as Frame, WebSocket};
+
+/// Why a server that does not replay is refused in decision mode.
+const NOT_REPLAYABLE: &str = "decision mode copies a remote episode by replaying its \
+    actions in a new session, so the server's episodes must be a function of the seed \
+    and the actions (train this server with mode = \"episode\")";
 
 /// The registry-like name of every remote environment.
 pub const NAME: &str = "remote";
@@ -180,6 +192,9 @@ impl EnvFactory for RemoteFactory {
     fn try_reset(&self, seed: u64) -> Result<Box<dyn Environment>> {
         Ok(Box::new(RemoteEnv::open(self.spec.clone(), seed)?))
     }
+    fn scripted(&self) -> bool {
+        false
+    }
 }
 
 type Socket = WebSocket<MaybeTlsStream<TcpStream>>;
@@ -194,8 +209,10 @@ pub struct RemoteEnv {
     done: bool,
     steps: Vec<Vec<String>>,
     rewards: Vec<f64>,
-    /// Why this episode cannot step (connection failed, forked copy).
+    /// Why this episode cannot step (the connection failed).
     failed: Option<String>,
+    /// A copy that has not yet replayed its steps in a session of its own.
+    fork: bool,
 }
 
 impl RemoteEnv {
@@ -216,6 +233,7 @@ impl RemoteEnv {
             steps: Vec::new(),
             rewards: Vec::new(),
             failed: None,
+            fork: false,
         };
         let data = env.request(json!({"type": "reset", "data": {"seed": seed}}), "reset")?;
         env.take_observation(&data)?;
@@ -233,7 +251,38 @@ impl RemoteEnv {
             steps: Vec::new(),
             rewards: Vec::new(),
             failed: Some(why),
+            fork: false,
         }
+    }
+
+    /// A copy's first step: a session of its own, reset with the seed, the recorded
+    /// actions replayed, and the same rewards and observation checked.
+    fn replay(&mut self) -> Result<()> {
+        let mut fresh = Self::open(self.spec.clone(), self.seed)?;
+        for (i, actions) in self.steps.iter().enumerate() {
+            let got = fresh.step(actions)?.rewards.first().copied().unwrap_or(0.0);
+            if got.to_bits() != self.rewards[i].to_bits() {
+                bail!(
+                    "{}: replaying seed {} gave reward {got} at step {i}, where the \
+                     original episode got {}; {NOT_REPLAYABLE}",
+                    self.url,
+                    self.seed,
+                    self.rewards[i]
+                );
+            }
+        }
+        if fresh.observation != self.observation || fresh.done != self.done {
+            bail!(
+                "{}: replaying seed {} and its {} actions gave a different observation; \
+                 {NOT_REPLAYABLE}",
+                self.url,
+                self.seed,
+                self.steps.len()
+            );
+        }
+        self.socket = fresh.socket.take();
+        self.fork = false;
+        Ok(())
     }
 
     /// Send one frame and return the reply's `data`; error frames and transport
@@ -403,6 +452,9 @@ impl Environment for RemoteEnv {
         if self.done {
             return Ok(StepOutcome::default());
         }
+        if self.fork {
+            self.replay()?;
+        }
         anyhow::ensure!(
             actions.len() == 1,
             "a remote environment takes one text per step, got {}",
@@ -445,18 +497,21 @@ impl Environment for RemoteEnv {
         let url = crate::sys::redact_url_credentials(&self.url);
         json!({"seed": self.seed, "steps": self.steps, "url": url, "rewards": self.rewards})
     }
-    /// A snapshot that cannot step: a remote episode has no fork.
+    /// A copy that replays this episode's actions in a session of its own when it
+    /// first steps (a finished copy never connects).
     fn clone_box(&self) -> Box<dyn Environment> {
-        let mut c = Self::failed(
-            self.spec.clone(),
-            self.seed,
-            format!("{}: a remote episode cannot be forked", self.url),
-        );
-        c.observation = self.observation.clone();
-        c.done = self.done;
-        c.steps = self.steps.clone();
-        c.rewards = self.rewards.clone();
-        Box::new(c)
+        Box::new(Self {
+            spec: self.spec.clone(),
+            url: self.url.clone(),
+            socket: None,
+            seed: self.seed,
+            observation: self.observation.clone(),
+            done: self.done,
+            steps: self.steps.clone(),
+            rewards: self.rewards.clone(),
+            failed: self.failed.clone(),
+            fork: self.failed.is_none(),
+        })
     }
 }
 

@@ -176,6 +176,55 @@ pub fn sample_decision(factory: &dyn EnvFactory, seed: u64) -> Decision {
     let mut probe = base.clone_box();
     // The continuation policy's texts are valid actions: its steps do not fail.
     let len = play_one(probe.as_mut(), &mut Continuation, 100_000).unwrap_or(0) as usize;
+    let (k, pick) = decision_point(seed, len);
+    let mut env = base.clone_box();
+    let steps = play_one(env.as_mut(), &mut Continuation, k as u64).unwrap_or(0) as usize;
+    decide_or_start(env, base, seed, steps, pick)
+}
+
+/// Decisions for an environment with no scripted policy (a remote server), as
+/// [`sample_decision`] draws them with `policy` in the continuation policy's place:
+/// `policy` plays each seed's episode to its end (all side by side, in one [`play`]),
+/// which gives its length L; the decision is the state after the first `k` of those
+/// steps, `k` uniform in `0..L`, rebuilt by replaying them on a fresh reset.
+pub fn sample_decisions_with(
+    factory: &dyn EnvFactory,
+    seeds: &[u64],
+    policy: &mut dyn Policy,
+) -> Result<Vec<Decision>> {
+    let mut probes = seeds
+        .iter()
+        .map(|&s| factory.try_reset(s))
+        .collect::<Result<Vec<_>>>()?;
+    let mut live: Vec<&mut dyn Environment> = probes
+        .iter_mut()
+        .map(|e| -> &mut dyn Environment { e.as_mut() })
+        .collect();
+    play(&mut live, policy, MAX_ROUNDS)?;
+    drop(live);
+    let mut out = Vec::with_capacity(seeds.len());
+    for (probe, &seed) in probes.into_iter().zip(seeds) {
+        let mut steps = transcript_steps(&probe.transcript())?;
+        drop(probe); // a remote probe's session closes before the decision's opens
+        let (k, pick) = decision_point(seed, steps.len());
+        steps.truncate(k);
+        let mut env = factory.try_reset(seed)?;
+        for actions in &steps {
+            env.step(actions)?;
+        }
+        let start = if env.done() || deciding_seats(env.as_ref()).is_empty() {
+            factory.try_reset(seed)?
+        } else {
+            env.clone_box() // never stepped: a remote copy opens no session
+        };
+        out.push(decide_or_start(env, start, seed, k, pick));
+    }
+    Ok(out)
+}
+
+/// Where a decision of `seed` falls in an episode of `len` steps: the steps to play
+/// first, and a number that picks the deciding seat.
+fn decision_point(seed: u64, len: usize) -> (usize, u64) {
     let r1 = crate::rng::splitmix64(seed ^ 0xD1B5_4A32_D192_ED03);
     let r2 = crate::rng::splitmix64(r1);
     let k = if len == 0 {
@@ -183,25 +232,44 @@ pub fn sample_decision(factory: &dyn EnvFactory, seed: u64) -> Decision {
     } else {
         (r1 % len as u64) as usize
     };
-    let mut env = base.clone_box();
-    let mut steps = play_one(env.as_mut(), &mut Continuation, k as u64).unwrap_or(0) as usize;
-    let mut seats: Vec<usize> = env
+    (k, r2)
+}
+
+/// The policy seats still active in `env` (all policy seats if none is).
+fn deciding_seats(env: &dyn Environment) -> Vec<usize> {
+    let seats: Vec<usize> = env
         .policy_seats()
         .into_iter()
         .filter(|&s| env.seat_active(s))
         .collect();
     if seats.is_empty() {
-        seats = env.policy_seats();
+        env.policy_seats()
+    } else {
+        seats
     }
-    if seats.is_empty() || env.done() {
-        env = base;
-        steps = 0;
-        seats = env.policy_seats();
-    }
+}
+
+/// The decision at `env` after `steps` steps, its seat picked from
+/// [`deciding_seats`] by `pick`; at `start` (any policy seat) if `env` is done or
+/// has no policy seat.
+fn decide_or_start(
+    env: Box<dyn Environment>,
+    start: Box<dyn Environment>,
+    seed: u64,
+    steps: usize,
+    pick: u64,
+) -> Decision {
+    let mut seats = deciding_seats(env.as_ref());
+    let (env, steps) = if seats.is_empty() || env.done() {
+        seats = start.policy_seats();
+        (start, 0)
+    } else {
+        (env, steps)
+    };
     let seat = if seats.is_empty() {
         0
     } else {
-        seats[(r2 % seats.len() as u64) as usize]
+        seats[(pick % seats.len() as u64) as usize]
     };
     let messages = env.observation(seat);
     Decision {
@@ -211,6 +279,29 @@ pub fn sample_decision(factory: &dyn EnvFactory, seed: u64) -> Decision {
         seed,
         step: steps,
     }
+}
+
+/// A transcript's `steps`: each step's texts, one per acting seat.
+fn transcript_steps(transcript: &serde_json::Value) -> Result<Vec<Vec<String>>> {
+    let steps = transcript
+        .get("steps")
+        .and_then(serde_json::Value::as_array)
+        .ok_or_else(|| anyhow::anyhow!("transcript has no `steps` array"))?;
+    steps
+        .iter()
+        .enumerate()
+        .map(|(i, step)| {
+            step.as_array()
+                .ok_or_else(|| anyhow::anyhow!("step {i} is not an array"))?
+                .iter()
+                .map(|t| {
+                    t.as_str()
+                        .map(str::to_string)
+                        .ok_or_else(|| anyhow::anyhow!("step {i}: non-string action"))
+                })
+                .collect()
+        })
+        .collect()
 }
 
 /// Reward of `d.seat` after playing `completion` for it now (continuation policy for
@@ -239,6 +330,11 @@ pub fn score_joint(env: &dyn Environment, completions: &[(usize, &str)]) -> Vec<
 /// Step `env` once with the given completions for their seats and the continuation
 /// policy for the other acting seats; false if the step failed.
 fn step_now(env: &mut dyn Environment, completions: &[(usize, &str)]) -> bool {
+    step_given(env, completions).is_ok()
+}
+
+/// [`step_now`], with the step's error.
+fn step_given(env: &mut dyn Environment, completions: &[(usize, &str)]) -> Result<()> {
     let actions: Vec<String> = env
         .to_act()
         .into_iter()
@@ -247,7 +343,7 @@ fn step_now(env: &mut dyn Environment, completions: &[(usize, &str)]) -> bool {
             None => env.continuation_action(s),
         })
         .collect();
-    env.step(&actions).is_ok()
+    env.step(&actions).map(|_| ())
 }
 
 /// The reward of a decision whose step failed (a malformed call).
@@ -268,16 +364,20 @@ pub fn score_decisions_with(
     items: &[(&Decision, &str)],
     policy: &mut dyn Policy,
 ) -> Result<Vec<Reward>> {
-    let mut envs: Vec<Option<Box<dyn Environment>>> = items
+    // A step error is a malformed call or, on a server, a lost connection: never a
+    // reward (as in [`play`]).
+    let mut envs = items
         .iter()
         .map(|(d, text)| {
             let mut env = d.env.clone_box();
-            (env.done() || step_now(env.as_mut(), &[(d.seat, text)])).then_some(env)
+            if !env.done() {
+                step_given(env.as_mut(), &[(d.seat, text)])?;
+            }
+            Ok(env)
         })
-        .collect();
+        .collect::<Result<Vec<_>>>()?;
     let mut live: Vec<&mut dyn Environment> = envs
         .iter_mut()
-        .flatten()
         .map(|e| -> &mut dyn Environment { e.as_mut() })
         .collect();
     play(&mut live, policy, MAX_ROUNDS)?;
@@ -285,7 +385,7 @@ pub fn score_decisions_with(
     Ok(envs
         .iter()
         .zip(items)
-        .map(|(env, (d, _))| env.as_ref().map_or_else(step_error, |e| e.reward(d.seat)))
+        .map(|(env, (d, _))| env.reward(d.seat))
         .collect())
 }
 
@@ -329,22 +429,8 @@ pub fn replay(
         .get("seed")
         .and_then(serde_json::Value::as_u64)
         .ok_or_else(|| anyhow::anyhow!("transcript has no integer `seed`"))?;
-    let steps = transcript
-        .get("steps")
-        .and_then(serde_json::Value::as_array)
-        .ok_or_else(|| anyhow::anyhow!("transcript has no `steps` array"))?;
     let mut env = factory.reset(seed);
-    for (i, step) in steps.iter().enumerate() {
-        let texts: Vec<String> = step
-            .as_array()
-            .ok_or_else(|| anyhow::anyhow!("step {i} is not an array"))?
-            .iter()
-            .map(|t| {
-                t.as_str()
-                    .map(str::to_string)
-                    .ok_or_else(|| anyhow::anyhow!("step {i}: non-string action"))
-            })
-            .collect::<anyhow::Result<_>>()?;
+    for texts in transcript_steps(transcript)? {
         env.step(&texts)?;
     }
     Ok(env)

@@ -83,6 +83,10 @@ struct Group {
 struct ScoredGroup {
     rollouts: Vec<Rollout>,
     turns: Vec<usize>,
+    /// The prompt as that process drew it (a remote server's decisions are drawn by
+    /// the process that samples them).
+    prompt_text: String,
+    prompt_ids: Vec<u32>,
 }
 
 impl Group {
@@ -121,9 +125,32 @@ fn draw(
     let local = if let Some(ep) = task.as_episodes() {
         draw_episodes(model, renderer, ep, g, seed, prompts, mine.start, timing)?
     } else {
+        let t = Instant::now();
+        play_to_decisions(model, renderer, task, g, seed, &mut prompts, mine.start)?;
+        timing.sample += t.elapsed().as_secs_f64();
         draw_decisions(model, renderer, task, g, seed, prompts, mine.start, timing)?
     };
     gather(dist, before, local, rest)
+}
+
+/// Where the task has no scripted policy (a remote server), the model plays each
+/// prompt's episode to draw its decision ([`Task::play_to_decisions`]); prompt `p` of
+/// the draw (`first` is `prompts[0]`'s index) samples from episode `p`'s streams of
+/// a seed of its own.
+fn play_to_decisions(
+    model: &Qwen2,
+    renderer: &dyn Renderer,
+    task: &dyn Task,
+    g: &GrpoConfig,
+    seed: u64,
+    prompts: &mut [TaskPrompt],
+    first: usize,
+) -> Result<()> {
+    let params = g.sampling_params(renderer.stop_ids(), mix(seed, 3));
+    let mut policy = ModelPolicy::new(model, renderer, &params, CONTINUATION_BATCH);
+    policy.first_episode = first as u64;
+    let mut policy = Progress::new(policy, prompts.len()).labelled("decisions ");
+    task.play_to_decisions(prompts, &mut policy, renderer)
 }
 
 /// Every process's groups of one draw, in prompt order: this one's `local` groups
@@ -143,6 +170,8 @@ fn gather(
         .map(|gr| ScoredGroup {
             rollouts: gr.rollouts.clone(),
             turns: gr.turns.clone(),
+            prompt_text: gr.prompt.text.clone(),
+            prompt_ids: gr.prompt.ids.clone(),
         })
         .collect();
     let all = dist.all_gather_json("scored groups", &wire)?;
@@ -151,10 +180,12 @@ fn gather(
         .enumerate()
         .filter(|(r, _)| *r != dist.rank())
         .flat_map(|(_, gs)| gs);
-    let mut remote = |prompt: TaskPrompt| -> Result<Group> {
+    let mut remote = |mut prompt: TaskPrompt| -> Result<Group> {
         let sg = elsewhere
             .next()
             .context("gather: fewer scored groups than prompts")?;
+        prompt.text = sg.prompt_text;
+        prompt.ids = sg.prompt_ids;
         Ok(Group {
             prompt,
             rollouts: sg.rollouts,
