@@ -107,26 +107,64 @@ def parse_args(argv):
     p.add_argument("--max-turns", type=int, default=8, help="TRL max_tool_calling_iterations")
     p.add_argument("--first-seed", type=int, default=0, help="episode seeds: first, first+1, ...")
     p.add_argument("--learning-rate", type=float, default=1e-4)
+    p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (TRL's default 1.0)")
     p.add_argument("--no-lora", action="store_true", help="train every weight instead of LoRA r8")
     p.add_argument("--output", default="trl-concord-run", help="TRL output_dir (the adapter)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--show", type=int, default=0,
                    help="print this many rollouts per step (TRL log_completions)")
+    p.add_argument("--adapter", help="a PEFT adapter (e.g. a `concord sft` warm start) "
+                                     "merged into --model before training")
+    p.add_argument("--write-demos", metavar="FILE",
+                   help="no training: write tool-call demonstrations for `concord sft` "
+                        "(source = \"jsonl\") to FILE and stop; needs --model and --answers")
+    p.add_argument("--demos", type=int, default=16,
+                   help="episodes to demonstrate (one demonstration per turn)")
+    p.add_argument("--answers", nargs="+", metavar="ANSWER",
+                   help="the demonstrations' answers, one per episode in turn")
     return p.parse_args(argv)
 
 
-def play(args):
-    """What the environment tools do when a model calls them, without a model."""
+def write_demos(args):
+    """Tool-call demonstrations, for a model that does not write the tool-call tags.
+
+    Episodes --first-seed, +1, ... are played through the `act` tool, turn `t` of
+    episode `i` answering with --answers[(i + t) % len]. Each turn is one line: the
+    conversation TRL builds up to it (the chat template's tool system message, the
+    instruction and the observation `reset` appends, then every earlier call and the
+    tool's reply) and, as the completion, the turn's `act` call in the template's
+    `<tool_call>` format. `concord sft` on them teaches the format and to keep calling
+    until the episode is over; the answers are whatever the caller chose, not a policy.
+    """
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(args.model)
     ConcordEnv.url = args.url
     env = ConcordEnv()
-    first = env.reset(seed=args.first_seed)
-    print(f"reset(seed={args.first_seed}): {len(first)} characters of instructions")
-    turns = 0
-    while not env._done:
-        reply = env.act(args.play)
-        turns += 1
-        print(f"act #{turns}: reward so far {env.get_reward():.3f}, {reply[:60]!r}...")
-    print(f"get_reward() = {env.get_reward():.3f} after {turns} calls")
+    rendered = tok.apply_chat_template(
+        [{"role": "user", "content": "X"}], tools=[env.act], tokenize=False)
+    head = "<|im_start|>system\n"
+    if head not in rendered:
+        sys.exit("--write-demos: the model's chat template has no system message for tools")
+    system = rendered.split(head, 1)[1].split("<|im_end|>", 1)[0]
+    lines = 0
+    with open(args.write_demos, "w") as f:
+        for i in range(args.demos):
+            first = env.reset(seed=args.first_seed + i)
+            messages = [{"role": "system", "content": system},
+                        {"role": "user", "content": INSTRUCTION + first}]
+            turn = 0
+            while not env._done:
+                answer = args.answers[(i + turn) % len(args.answers)]
+                call = json.dumps({"name": "act", "arguments": {"answer": answer}})
+                completion = f"<tool_call>\n{call}\n</tool_call>"
+                f.write(json.dumps({"messages": messages, "completion": completion}) + "\n")
+                reply = env.act(answer)
+                messages = messages + [{"role": "assistant", "content": completion},
+                                       {"role": "tool", "content": reply}]
+                turn += 1
+                lines += 1
+    print(f"wrote {lines} demonstrations ({args.demos} episodes) to {args.write_demos}")
 
 
 def main(argv):
@@ -135,6 +173,10 @@ def main(argv):
         return play(args)
     if args.model is None:
         sys.exit("--model is required to train (or --play ANSWER to try the tools)")
+    if args.write_demos:
+        if not args.answers:
+            sys.exit("--write-demos needs --answers")
+        return write_demos(args)
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
@@ -148,6 +190,10 @@ def main(argv):
     })
     tokenizer = AutoTokenizer.from_pretrained(args.model, padding_side="left")
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype="float32")
+    if args.adapter:
+        from peft import PeftModel
+
+        model = PeftModel.from_pretrained(model, args.adapter).merge_and_unload()
     peft_config = None
     if not args.no_lora:
         from peft import LoraConfig
@@ -165,6 +211,7 @@ def main(argv):
         max_completion_length=args.max_completion_length,
         max_tool_calling_iterations=args.max_turns,
         learning_rate=args.learning_rate,
+        temperature=args.temperature,
         logging_steps=1,
         save_strategy="no",
         report_to="none",
