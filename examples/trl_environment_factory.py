@@ -15,6 +15,11 @@ Start a server, then train (a few steps on Concord's built-in tiny model):
     python examples/trl_environment_factory.py --url http://127.0.0.1:8000 \
         --model /tmp/tiny --steps 3
 
+A rollout reaches the environment only when the model writes its chat template's
+tool-call format (Qwen's `<tool_call>` tags); a random model never does. `--write-demos`
+writes demonstrations of the format for `concord sft`, and `--adapter` starts TRL from
+the adapter it trains (the recipe: examples/trl_toolcall_sft.toml).
+
 Needs `pip install trl==1.16.0 "transformers>=5.2" torch peft openenv==0.10.0`. This is
 an example for Python users, not part of Concord's build or CI.
 

@@ -16,7 +16,7 @@ use crate::rng::mix_seeds as mix;
 use crate::sample::ChooseOn;
 use crate::sample::{self, GroupRequest, PromptKv, SamplingParams};
 use crate::task::episode::{play_episodes, EpisodeStart, EpisodeTask};
-use crate::task::{load_model, Renderer};
+use crate::task::Renderer;
 use anyhow::{bail, Context, Result};
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -584,7 +584,7 @@ pub fn run_eval(args: EvalOptions) -> Result<()> {
         bail!("--transcripts are written beside the report: give --out FILE with --base");
     }
     let envs = eval_targets(&cfg)?;
-    let (mut model, renderer, _) = load_model(&cfg)?;
+    let (mut model, renderer) = crate::model::load::load_with_renderer(&cfg.model_spec()?)?;
     let params = sampling(&cfg, args.greedy, renderer.stop_ids())?;
     // A run that started from an adapter (`model.adapter`, or an `[sft] warm_start`)
     // is compared with that start: the `base` entry is then the start adapter, so the

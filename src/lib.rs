@@ -59,3 +59,4 @@ pub mod serve;
 pub mod sft;
 pub mod sys;
 pub mod task;
+pub mod train;

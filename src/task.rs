@@ -7,7 +7,7 @@
 //! - [`episode::EpisodeTask`]: one registry environment in episode mode; each prompt is
 //!   one policy seat at the start of an episode, each completion a whole trajectory.
 //! - tests implement [`Task`] directly for toy rewards.
-use crate::config::{Config, ContinueWith};
+use crate::config::ContinueWith;
 use crate::envs::rollout::Policy;
 use crate::envs::{self, EnvFactory, Reward};
 use crate::model::qwen2::Qwen2;
@@ -334,50 +334,4 @@ impl Task for MixtureTask {
         }
         Ok(())
     }
-}
-
-/// Load the configured model (creating the built-in tiny model first when
-/// `model.init_tiny` and the directory is absent) with a fresh LoRA adapter, or the
-/// adapter `model.adapter` names (PEFT's rule: its adapter_config.json, not `[lora]`,
-/// shapes it), and its tokenizer as the renderer.
-pub fn load_model(cfg: &Config) -> Result<(Qwen2, Box<dyn Renderer>, String)> {
-    use crate::model::load::{load_model, ModelSpec};
-    let name = cfg.model.name.clone();
-    let m = load_model(&ModelSpec {
-        dtype: Some(cfg.model.dtype.to_candle()),
-        base_dtype: cfg.model.base_dtype.map(|d| d.to_candle()),
-        lora: Some(cfg.lora_config()),
-        adapter: cfg.model.adapter.clone(),
-        init_tiny: cfg.model.init_tiny,
-        ..ModelSpec::new(&name, cfg.model.candle_device()?)
-    })?;
-    if let (Some(dir), Some(got)) = (&cfg.model.adapter, m.model.lora_config()) {
-        let want = cfg.lora_config();
-        let shape = |c: &crate::model::LoraConfig| {
-            let mut t = c.target_modules.clone();
-            t.sort();
-            (c.r, c.alpha, c.use_rslora, t)
-        };
-        if shape(got) != shape(&want) {
-            crate::note!(
-                "note: model.adapter {} has r = {}, alpha = {}, targets {:?}: it replaces \
-                 the [lora] section's shape",
-                dir.display(),
-                got.r,
-                got.alpha,
-                got.target_modules
-            );
-        }
-    }
-    let tokenizer = m.tokenizer.with_context(|| {
-        let hint = if name.starts_with("random:") {
-            " (`random:` shapes are for benchmarks; to train on a built-in model, give \
-                 `model.name = \"PATH\"` with `model.init_tiny = true`, as \
-                 configs/quickstart.toml does)"
-        } else {
-            ""
-        };
-        format!("{name} has no tokenizer{hint}")
-    })?;
-    Ok((m.model, Box::new(tokenizer), name))
 }

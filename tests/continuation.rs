@@ -108,7 +108,7 @@ fn train(dir: &Path, name: &str, extra: &[&str]) -> String {
         "env.options.task=\"t1\"".to_string(),
     ];
     sets.extend(extra.iter().map(|s| s.to_string()));
-    concord::grpo::trainer::run_train(concord::grpo::trainer::TrainOptions {
+    concord::train::run(concord::train::TrainOptions {
         config: Some(cfg),
         sets,
         resume: None,

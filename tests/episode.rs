@@ -533,7 +533,7 @@ fn merge_ring_trains_in_episode_mode_too() {
 fn smoke(config: &str, name: &str) -> String {
     let dir = tempfile::tempdir().unwrap();
     let cfg = Path::new(env!("CARGO_MANIFEST_DIR")).join(config);
-    concord::grpo::trainer::run_train(concord::grpo::trainer::TrainOptions {
+    concord::train::run(concord::train::TrainOptions {
         config: Some(cfg),
         sets: vec![
             format!("run.output_dir={}", dir.path().display()),
@@ -692,7 +692,7 @@ max_completion_length = 8
     std::fs::write(&cfg_path, toml).unwrap();
     let train = |name: &str, steps: usize, resume: bool| {
         let run = dir.path().join(name);
-        concord::grpo::trainer::run_train(concord::grpo::trainer::TrainOptions {
+        concord::train::run(concord::train::TrainOptions {
             config: Some(cfg_path.clone()),
             sets: vec![
                 format!("run.output_dir={}", dir.path().display()),

@@ -455,7 +455,7 @@ fn quickstart_config_trains() {
     let dir = tempfile::tempdir().unwrap();
     let cfg = Path::new(env!("CARGO_MANIFEST_DIR")).join("configs/quickstart.toml");
     let t0 = std::time::Instant::now();
-    concord::sft::run_train(concord::grpo::trainer::TrainOptions {
+    concord::train::run(concord::train::TrainOptions {
         config: Some(cfg),
         sets: vec![
             format!("run.output_dir={}", dir.path().display()),
@@ -618,7 +618,7 @@ temperature = 0.7
     );
     let cfg_path = dir.path().join("cur.toml");
     std::fs::write(&cfg_path, toml).unwrap();
-    concord::grpo::trainer::run_train(concord::grpo::trainer::TrainOptions {
+    concord::train::run(concord::train::TrainOptions {
         config: Some(cfg_path),
         sets: vec![],
         resume: None,

@@ -1138,7 +1138,7 @@ fn smoke_config_trains() {
     let dir = tempfile::tempdir().unwrap();
     let cfg =
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("configs/postmortem-smoke.toml");
-    concord::grpo::trainer::run_train(concord::grpo::trainer::TrainOptions {
+    concord::train::run(concord::train::TrainOptions {
         config: Some(cfg),
         sets: vec![
             format!("run.output_dir={}", dir.path().display()),

@@ -711,11 +711,12 @@ max_turn_tokens = 16
 
 #[test]
 fn train_on_a_served_environment_then_lose_it_with_a_checkpoint() {
-    use concord::grpo::trainer::{prepare_train, TrainOptions, Trainer};
+    use concord::grpo::trainer::Trainer;
+    use concord::train::{prepare, TrainOptions};
     let h = server(8, None);
     let dir = tempfile::tempdir().unwrap();
     let cfg = remote_config(dir.path(), &format!("ws://{}", h.addr), 3);
-    let p = prepare_train(&TrainOptions {
+    let p = prepare(&TrainOptions {
         config: Some(cfg),
         sets: vec![],
         resume: None,
@@ -904,8 +905,8 @@ fn remote_decision_config(dir: &std::path::Path, url: &str, steps: usize) -> std
 }
 
 fn train_log(cfg: &std::path::Path) -> String {
-    use concord::grpo::trainer::{run_train, TrainOptions};
-    run_train(TrainOptions {
+    use concord::train::{run, TrainOptions};
+    run(TrainOptions {
         config: Some(cfg.to_path_buf()),
         sets: vec![],
         resume: None,

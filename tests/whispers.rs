@@ -688,7 +688,7 @@ fn cli_baseline_bench_describe_play() {
 fn smoke_config_trains() {
     let dir = tempfile::tempdir().unwrap();
     let cfg = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("configs/whispers-smoke.toml");
-    concord::grpo::trainer::run_train(concord::grpo::trainer::TrainOptions {
+    concord::train::run(concord::train::TrainOptions {
         config: Some(cfg),
         sets: vec![
             format!("run.output_dir={}", dir.path().display()),

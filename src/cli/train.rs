@@ -22,7 +22,7 @@ pub struct TrainArgs {
 }
 
 pub fn run(a: TrainArgs) -> anyhow::Result<()> {
-    crate::sft::run_train(crate::grpo::trainer::TrainOptions {
+    crate::train::run(crate::train::TrainOptions {
         config: a.config,
         sets: a.sets,
         resume: a.resume,

@@ -803,6 +803,20 @@ impl Config {
     }
 
     /// `<output_dir>/<name>`.
+    /// The model to load for training or evaluation: `[model]` with `[lora]`'s adapter
+    /// (or `model.adapter`).
+    pub fn model_spec(&self) -> Result<crate::model::load::ModelSpec> {
+        use crate::model::load::ModelSpec;
+        Ok(ModelSpec {
+            dtype: Some(self.model.dtype.to_candle()),
+            base_dtype: self.model.base_dtype.map(|d| d.to_candle()),
+            lora: Some(self.lora_config()),
+            adapter: self.model.adapter.clone(),
+            init_tiny: self.model.init_tiny,
+            ..ModelSpec::new(&self.model.name, self.model.candle_device()?)
+        })
+    }
+
     /// The LoRA adapter this config asks for (the run seed initialises A).
     pub fn lora_config(&self) -> crate::model::LoraConfig {
         crate::model::LoraConfig {

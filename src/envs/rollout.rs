@@ -196,12 +196,7 @@ pub fn sample_decisions_with(
         .iter()
         .map(|&s| factory.try_reset(s))
         .collect::<Result<Vec<_>>>()?;
-    let mut live: Vec<&mut dyn Environment> = probes
-        .iter_mut()
-        .map(|e| -> &mut dyn Environment { e.as_mut() })
-        .collect();
-    play(&mut live, policy, MAX_ROUNDS)?;
-    drop(live);
+    play_to_end(&mut probes, policy)?;
     let mut out = Vec::with_capacity(seeds.len());
     for (probe, &seed) in probes.into_iter().zip(seeds) {
         let mut steps = transcript_steps(&probe.transcript())?;
@@ -220,6 +215,15 @@ pub fn sample_decisions_with(
         out.push(decide_or_start(env, start, seed, k, pick));
     }
     Ok(out)
+}
+
+/// [`play`] owned episodes side by side until each is done.
+fn play_to_end(episodes: &mut [Box<dyn Environment>], policy: &mut dyn Policy) -> Result<()> {
+    let mut live: Vec<&mut dyn Environment> = episodes
+        .iter_mut()
+        .map(|e| -> &mut dyn Environment { e.as_mut() })
+        .collect();
+    play(&mut live, policy, MAX_ROUNDS).map(|_| ())
 }
 
 /// Where a decision of `seed` falls in an episode of `len` steps: the steps to play
@@ -376,12 +380,7 @@ pub fn score_decisions_with(
             Ok(env)
         })
         .collect::<Result<Vec<_>>>()?;
-    let mut live: Vec<&mut dyn Environment> = envs
-        .iter_mut()
-        .map(|e| -> &mut dyn Environment { e.as_mut() })
-        .collect();
-    play(&mut live, policy, MAX_ROUNDS)?;
-    drop(live);
+    play_to_end(&mut envs, policy)?;
     Ok(envs
         .iter()
         .zip(items)

@@ -192,7 +192,8 @@ pub fn bench_step(o: &BenchStepOptions) -> Result<BenchStepReport> {
     sets.push("run.name=bench".into());
     let cfg = crate::config::Config::load(&o.config, &sets)?;
     let stages = crate::curriculum::build(&cfg)?;
-    let (model, renderer, base) = crate::task::load_model(&cfg)?;
+    let (model, renderer) = crate::model::load::load_with_renderer(&cfg.model_spec()?)?;
+    let base = cfg.model.name.clone();
     let mut t = super::trainer::Trainer::with_stages(cfg, model, renderer, stages, base, false)?;
     t.quiet = true;
     let mut exported = Vec::new();

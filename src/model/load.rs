@@ -189,6 +189,43 @@ fn check_empty_for_init_tiny(dir: &Path) -> Result<()> {
     Ok(())
 }
 
+/// [`load_model`] for training, sampling or evaluation, which need the tokenizer as the
+/// renderer: a model without one is an error that says what to give instead. Notes on
+/// stderr when `spec.adapter`'s shape replaces `spec.lora`'s (PEFT's rule: the
+/// adapter's adapter_config.json shapes it).
+pub fn load_with_renderer(spec: &ModelSpec) -> Result<(Qwen2, Box<dyn Renderer>)> {
+    let m = load_model(spec)?;
+    if let (Some(dir), Some(got), Some(want)) = (&spec.adapter, m.model.lora_config(), &spec.lora) {
+        let shape = |c: &LoraConfig| {
+            let mut t = c.target_modules.clone();
+            t.sort();
+            (c.r, c.alpha, c.use_rslora, t)
+        };
+        if shape(got) != shape(want) {
+            crate::note!(
+                "note: model.adapter {} has r = {}, alpha = {}, targets {:?}: it replaces \
+                 the [lora] section's shape",
+                dir.display(),
+                got.r,
+                got.alpha,
+                got.target_modules
+            );
+        }
+    }
+    let name = &spec.name;
+    let tokenizer = m.tokenizer.with_context(|| {
+        let hint = if name.starts_with("random:") {
+            " (`random:` shapes are for benchmarks; to train on a built-in model, give \
+             `model.name = \"PATH\"` with `model.init_tiny = true`, as \
+             configs/quickstart.toml does)"
+        } else {
+            ""
+        };
+        format!("{name} has no tokenizer{hint}")
+    })?;
+    Ok((m.model, Box::new(tokenizer)))
+}
+
 /// Load the model `spec` names: create the tiny checkpoint when asked, resolve and read
 /// the checkpoint (or build random weights), build the model with `spec.lora`, then load
 /// `spec.adapter`.
@@ -261,6 +298,15 @@ pub fn load_model(spec: &ModelSpec) -> Result<LoadedModel> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_model_without_a_tokenizer_cannot_be_trained_and_says_what_to_give() {
+        let spec = ModelSpec::new("random:tiny", Device::Cpu);
+        let err = format!("{:#}", load_with_renderer(&spec).err().unwrap());
+        assert!(err.contains("random:tiny has no tokenizer"), "{err}");
+        assert!(err.contains("model.init_tiny = true"), "{err}");
+        assert!(load_model(&spec).is_ok());
+    }
 
     #[test]
     fn parses_refs() {

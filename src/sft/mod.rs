@@ -1,5 +1,6 @@
 //! Supervised fine-tuning of the LoRA adapter on demonstrations (`concord sft`), and
-//! the warm start that runs it before GRPO (`[sft] warm_start = true`).
+//! what the warm start before GRPO (`[sft] warm_start = true`, run by
+//! [`crate::train::run`]) trains with ([`train_into`]).
 //!
 //! Real pipelines start RL from a policy that already writes the answer format: a
 //! cold-start SFT (DeepSeek-R1), or rejection-sampling fine-tuning on filtered rollouts.
@@ -20,7 +21,6 @@ pub mod trainer;
 
 use crate::config::sft::SftSource;
 use crate::config::Config;
-use crate::grpo::trainer::{prepare_train, TrainOptions};
 use crate::model::qwen2::Qwen2;
 use crate::rng::mix_seeds as mix;
 use crate::task::Renderer;
@@ -114,7 +114,7 @@ pub fn build_examples(
 
 /// Train `model`'s LoRA on the `[sft]` demonstrations into `run_dir` (already claimed by
 /// the caller): build the examples, then the loop. Returns the steps taken in all.
-fn train_into(
+pub(crate) fn train_into(
     cfg: &Config,
     model: &mut Qwen2,
     renderer: &dyn Renderer,
@@ -163,7 +163,8 @@ pub fn run_sft(opts: SftOptions) -> Result<()> {
         );
     }
     let run_dir = cfg.run_dir();
-    let (mut model, renderer, base) = crate::task::load_model(&cfg)?;
+    let (mut model, renderer) = crate::model::load::load_with_renderer(&cfg.model_spec()?)?;
+    let base = cfg.model.name.clone();
     // Bad data stops here, before the run directory is touched.
     let examples = build_examples(&cfg, &model, renderer.as_ref())?;
     let _lock = crate::run::dir::claim(&run_dir, opts.resume.is_some(), opts.overwrite, "sft")?;
@@ -187,66 +188,5 @@ pub fn run_sft(opts: SftOptions) -> Result<()> {
         started.elapsed().as_secs_f64(),
         run_dir.display()
     );
-    Ok(())
-}
-
-/// `concord train`: with `[sft] warm_start = true`, the SFT first (into `RUN_DIR/sft/`,
-/// on the same in-memory model), then GRPO from its adapter (recorded as
-/// `model.adapter` in the run's config.toml); else GRPO alone. A resumed run whose GRPO
-/// part has a checkpoint skips the warm start.
-pub fn run_train(opts: TrainOptions) -> Result<()> {
-    let mut run = prepare_train(&opts)?;
-    let dist = run.dist.clone();
-    dist.or_abort(|| warm_start(&mut run))?;
-    run.train()
-}
-
-/// The warm start of [`run_train`], when the config asks for one. In a data-parallel
-/// run rank 0 trains it and the other processes load its adapter.
-fn warm_start(run: &mut crate::grpo::trainer::PreparedRun) -> Result<()> {
-    if let Some(dir) = run.cfg.warm_start_dir() {
-        let grpo_started =
-            run.resume && crate::run::checkpoint::latest(&run.cfg.run_dir())?.is_some();
-        if !grpo_started && !run.dist.is_root() {
-            run.dist.barrier("warm start")?;
-            run.model.load_adapter(&dir)?;
-        } else if !grpo_started {
-            // The warm start is a standalone SFT run inside the GRPO run directory.
-            let mut sft_cfg = run.cfg.clone();
-            sft_cfg.run.output_dir = run.cfg.run_dir();
-            sft_cfg.run.name = crate::config::WARM_START_DIR.into();
-            if let Some(s) = sft_cfg.sft.as_mut() {
-                s.warm_start = false;
-            }
-            // The run's config first, so that `train --resume RUN_DIR` works from any
-            // point of the warm start (GRPO records it again, with the adapter).
-            let run_dir = run.cfg.run_dir();
-            crate::atomic::atomic_write_bytes(
-                &run_dir.join("config.toml"),
-                run.cfg.to_run_toml(&run_dir)?.as_bytes(),
-            )?;
-            let started = std::time::Instant::now();
-            let steps = train_into(
-                &sft_cfg,
-                &mut run.model,
-                run.renderer.as_ref(),
-                &run.base,
-                &dir,
-                run.resume,
-            )
-            .map_err(|e| {
-                crate::run::signal::with_resume_hint(e, || {
-                    crate::run::dir::resume_command("train", &run_dir)
-                })
-            })?;
-            crate::note!(
-                "warm start: {steps} SFT steps in {:.1}s; GRPO starts from {}",
-                started.elapsed().as_secs_f64(),
-                dir.display()
-            );
-            run.dist.barrier("warm start")?;
-        }
-        run.cfg.model.adapter = Some(dir);
-    }
     Ok(())
 }
