@@ -7,7 +7,8 @@
    server's state with `concord envs play` on the same seed and policy.
 2. Concord client -> Python server: start a minimal openenv-core environment server
    (written below with `create_app`, served by uvicorn) and train 2 GRPO steps against
-   it with `concord train` (`[env] url`, episode mode, the built-in tiny model).
+   it with `concord train` (`[env] url`, the built-in tiny model), in episode mode and
+   in decision mode.
 
 Needs a venv with `pip install openenv-core==0.3.0` or `pip install openenv==0.10.0`
 (the package's current name; both are verified); not part of CI (CI has no Python).
@@ -210,6 +211,7 @@ def concord_client_to_python_server(concord):
             with open(os.path.join(tmp, "interop", "training_log.csv")) as f:
                 rows = list(csv.DictReader(f))
             assert len(rows) == 2, rows
+            print("  episode mode:")
             for r in rows:
                 turns = float(r["episode/mean_turns"])
                 reward = float(r["rewards/remote_reward/mean"])
@@ -217,6 +219,21 @@ def concord_client_to_python_server(concord):
                 assert 0.0 < reward <= 3.0, r  # the remote step rewards arrived
                 print(f"  step {r['step']}: reward {float(r['reward']):.3f}, "
                       f"remote_reward {reward:.3f}, mean turns {turns:.2f}")
+            # Decision mode: the model plays to each decision and on from each answer;
+            # every answer's copy replays the episode's actions in a new session.
+            subprocess.run([concord, "train", "--config", cfg, "--overwrite",
+                            "--set", "env.mode=decision", "--set", "env.continue_with=model",
+                            "--set", "env.max_turn_tokens=0",
+                            "--set", "grpo.max_completion_length=12"], check=True, cwd=ROOT)
+            with open(os.path.join(tmp, "interop", "training_log.csv")) as f:
+                rows = list(csv.DictReader(f))
+            assert len(rows) == 2, rows
+            print("  decision mode (continue_with = \"model\"):")
+            for r in rows:
+                reward = float(r["rewards/remote_reward/mean"])
+                assert 0.0 < reward <= 3.0, r  # the remote step rewards arrived
+                print(f"  step {r['step']}: reward {float(r['reward']):.3f}, "
+                      f"remote_reward {reward:.3f}")
         finally:
             server.terminate()
             server.wait(timeout=30)
