@@ -207,10 +207,14 @@ def concord_client_to_python_server(concord):
                     observation_key = "prompt"
                     max_turn_tokens = 12
                 '''))
-            subprocess.run([concord, "train", "--config", cfg], check=True, cwd=ROOT)
-            with open(os.path.join(tmp, "interop", "training_log.csv")) as f:
-                rows = list(csv.DictReader(f))
-            assert len(rows) == 2, rows
+            def train(*sets):
+                subprocess.run([concord, "train", "--config", cfg, *sets], check=True, cwd=ROOT)
+                with open(os.path.join(tmp, "interop", "training_log.csv")) as f:
+                    rows = list(csv.DictReader(f))
+                assert len(rows) == 2, rows
+                return rows
+
+            rows = train()
             print("  episode mode:")
             for r in rows:
                 turns = float(r["episode/mean_turns"])
@@ -221,13 +225,9 @@ def concord_client_to_python_server(concord):
                       f"remote_reward {reward:.3f}, mean turns {turns:.2f}")
             # Decision mode: the model plays to each decision and on from each answer;
             # every answer's copy replays the episode's actions in a new session.
-            subprocess.run([concord, "train", "--config", cfg, "--overwrite",
-                            "--set", "env.mode=decision", "--set", "env.continue_with=model",
-                            "--set", "env.max_turn_tokens=0",
-                            "--set", "grpo.max_completion_length=12"], check=True, cwd=ROOT)
-            with open(os.path.join(tmp, "interop", "training_log.csv")) as f:
-                rows = list(csv.DictReader(f))
-            assert len(rows) == 2, rows
+            rows = train("--overwrite", "--set", "env.mode=decision",
+                         "--set", "env.continue_with=model", "--set", "env.max_turn_tokens=0",
+                         "--set", "grpo.max_completion_length=12")
             print("  decision mode (continue_with = \"model\"):")
             for r in rows:
                 reward = float(r["rewards/remote_reward/mean"])

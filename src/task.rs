@@ -30,6 +30,23 @@ pub struct TaskPrompt {
     pub state: Box<dyn Any + Send>,
 }
 
+impl TaskPrompt {
+    /// A prompt whose decision the model has yet to play to
+    /// ([`Task::play_to_decisions`]): no ids until then.
+    fn undrawn(seed: u64) -> Self {
+        TaskPrompt {
+            ids: Vec::new(),
+            text: String::new(),
+            state: Box::new(Undrawn { seed }),
+        }
+    }
+
+    /// Whether the prompt is ready to sample from (every prompt but an undrawn one).
+    pub fn is_drawn(&self) -> bool {
+        !self.state.is::<Undrawn>()
+    }
+}
+
 /// Where prompts and rewards come from (an environment, or a toy task in tests).
 pub trait Task {
     /// Name written to the `env` column.
@@ -161,11 +178,7 @@ impl Task for EnvTask {
             .map(|i| {
                 let episode_seed = envs::training_seed(mix(seed, i as u64));
                 if !self.factory.scripted() {
-                    return Ok(TaskPrompt {
-                        ids: Vec::new(),
-                        text: String::new(),
-                        state: Box::new(Undrawn { seed: episode_seed }),
-                    });
+                    return Ok(TaskPrompt::undrawn(episode_seed));
                 }
                 let d = envs::sample_decision(self.factory.as_ref(), episode_seed);
                 render_decision(d, renderer)
@@ -192,7 +205,7 @@ impl Task for EnvTask {
         renderer: &dyn Renderer,
     ) -> Result<()> {
         let undrawn: Vec<usize> = (0..prompts.len())
-            .filter(|&i| prompts[i].state.is::<Undrawn>())
+            .filter(|&i| !prompts[i].is_drawn())
             .collect();
         let seeds: Vec<u64> = undrawn
             .iter()

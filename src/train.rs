@@ -15,22 +15,12 @@ use crate::model::budget::{MemoryBudget, TrainMemory};
 use crate::model::qwen2::Qwen2;
 use crate::task::Renderer;
 use anyhow::{bail, Result};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::rc::Rc;
 use std::time::Instant;
 
-/// What `concord train` needs.
-#[derive(Debug, Clone, Default)]
-pub struct TrainOptions {
-    /// The run configuration (TOML).
-    pub config: Option<PathBuf>,
-    /// `section.key=value` overrides.
-    pub sets: Vec<String>,
-    /// Continue the run in this directory from its latest checkpoint.
-    pub resume: Option<PathBuf>,
-    /// Replace an earlier run in the run directory (its logs, checkpoints, adapter).
-    pub overwrite: bool,
-}
+/// What `concord train` is given.
+pub type TrainOptions = crate::run::dir::RunOptions;
 
 /// `concord train`, top to bottom: load and validate the config, its stages and
 /// environments, the model and the sizes; lock the run directory (refusing one that

@@ -179,7 +179,8 @@ pub fn sample_decision(factory: &dyn EnvFactory, seed: u64) -> Decision {
     let (k, pick) = decision_point(seed, len);
     let mut env = base.clone_box();
     let steps = play_one(env.as_mut(), &mut Continuation, k as u64).unwrap_or(0) as usize;
-    decide_or_start(env, base, seed, steps, pick)
+    let start = || Ok::<_, std::convert::Infallible>(base);
+    decide_or_start(env, start, seed, steps, pick).unwrap_or_else(|e| match e {})
 }
 
 /// Decisions for an environment with no scripted policy (a remote server), as
@@ -207,12 +208,13 @@ pub fn sample_decisions_with(
         for actions in &steps {
             env.step(actions)?;
         }
-        let start = if env.done() || deciding_seats(env.as_ref()).is_empty() {
-            factory.try_reset(seed)?
-        } else {
-            env.clone_box() // never stepped: a remote copy opens no session
-        };
-        out.push(decide_or_start(env, start, seed, k, pick));
+        out.push(decide_or_start(
+            env,
+            || factory.try_reset(seed),
+            seed,
+            k,
+            pick,
+        )?);
     }
     Ok(out)
 }
@@ -254,17 +256,18 @@ fn deciding_seats(env: &dyn Environment) -> Vec<usize> {
 }
 
 /// The decision at `env` after `steps` steps, its seat picked from
-/// [`deciding_seats`] by `pick`; at `start` (any policy seat) if `env` is done or
-/// has no policy seat.
-fn decide_or_start(
+/// [`deciding_seats`] by `pick`; at the episode's `start` (any policy seat) if `env`
+/// is done or has no policy seat.
+fn decide_or_start<E>(
     env: Box<dyn Environment>,
-    start: Box<dyn Environment>,
+    start: impl FnOnce() -> std::result::Result<Box<dyn Environment>, E>,
     seed: u64,
     steps: usize,
     pick: u64,
-) -> Decision {
+) -> std::result::Result<Decision, E> {
     let mut seats = deciding_seats(env.as_ref());
     let (env, steps) = if seats.is_empty() || env.done() {
+        let start = start()?;
         seats = start.policy_seats();
         (start, 0)
     } else {
@@ -276,13 +279,13 @@ fn decide_or_start(
         seats[(pick % seats.len() as u64) as usize]
     };
     let messages = env.observation(seat);
-    Decision {
+    Ok(Decision {
         env,
         seat,
         messages,
         seed,
         step: steps,
-    }
+    })
 }
 
 /// A transcript's `steps`: each step's texts, one per acting seat.

@@ -146,6 +146,9 @@ fn play_to_decisions(
     prompts: &mut [TaskPrompt],
     first: usize,
 ) -> Result<()> {
+    if prompts.iter().all(TaskPrompt::is_drawn) {
+        return Ok(());
+    }
     let params = g.sampling_params(renderer.stop_ids(), mix(seed, 3));
     let mut policy = ModelPolicy::new(model, renderer, &params, CONTINUATION_BATCH);
     policy.first_episode = first as u64;

@@ -107,6 +107,20 @@ pub fn previous_run(run_dir: &Path) -> Result<Vec<String>> {
 /// against the current directory (recorded absolute in the run's config.toml). Refuses
 /// `--overwrite` with `--resume`, and a `--resume` directory that is not the config's
 /// run directory. Returns the config file's path and the config.
+/// What `concord train` and `concord sft` are given: a config, overrides, and whether
+/// to resume or replace the run in its directory.
+#[derive(Debug, Clone, Default)]
+pub struct RunOptions {
+    /// The run configuration (TOML).
+    pub config: Option<PathBuf>,
+    /// `section.key=value` overrides.
+    pub sets: Vec<String>,
+    /// Continue the run in this directory from its latest checkpoint.
+    pub resume: Option<PathBuf>,
+    /// Replace an earlier run in the run directory (its logs, checkpoints, adapter).
+    pub overwrite: bool,
+}
+
 pub fn load_run_config(
     config: Option<&Path>,
     resume: Option<&Path>,

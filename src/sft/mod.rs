@@ -26,17 +26,11 @@ use crate::rng::mix_seeds as mix;
 use crate::task::Renderer;
 use anyhow::{bail, Context, Result};
 use data::Example;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use trainer::SftTrainer;
 
-/// What `concord sft` needs.
-#[derive(Debug, Clone, Default)]
-pub struct SftOptions {
-    pub config: Option<PathBuf>,
-    pub sets: Vec<String>,
-    pub resume: Option<PathBuf>,
-    pub overwrite: bool,
-}
+/// What `concord sft` is given.
+pub type SftOptions = crate::run::dir::RunOptions;
 
 /// The demonstrations `[sft]` asks for, tokenized and checked against the model's
 /// context length. Rejection sampling uses `model` as it is (its adapter on).
