@@ -50,6 +50,7 @@ pub mod envs;
 pub mod eval;
 pub mod grpo;
 pub mod hub;
+pub mod learn;
 pub mod model;
 pub mod plot;
 pub mod rng;

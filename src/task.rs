@@ -17,6 +17,7 @@ use anyhow::{Context, Result};
 use std::any::Any;
 
 pub mod episode;
+pub mod policy;
 
 /// Chat rendering, decoding and stop tokens: the model's tokenizer, or [`IdRenderer`]
 /// (ids as text) in tests. One trait, shared with the sampler.

@@ -9,8 +9,8 @@ use concord::dist::Dist;
 use concord::envs::{self, EnvFactory, Options};
 use concord::grpo::batch::collect;
 use concord::grpo::loss::{grpo_loss, LossInputs, LossParams, LossScale};
-use concord::grpo::pack::pack;
-use concord::grpo::update::completion_logprobs;
+use concord::learn::forward::completion_logprobs;
+use concord::learn::pack;
 use concord::model::load::{load_model, ModelSpec};
 use concord::model::lora::LoraConfig;
 use concord::model::qwen2::{Mode, Qwen2};
@@ -215,7 +215,7 @@ fn collected_rollouts_pack_to_the_sampled_ids_and_logprobs() {
     assert_eq!(batch.rollouts.len(), 2);
     assert_eq!(batch.turns.len(), 2);
     for r in &batch.rollouts {
-        let packed = pack(&[r], 0, false).unwrap();
+        let packed = pack(&[&r.sequence(false)], 0).unwrap();
         let mut want = r.prompt_ids.clone();
         want.extend(&r.completion_ids);
         assert_eq!(packed.ids, want, "the packed row is prompt + trajectory");

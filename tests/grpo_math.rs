@@ -16,7 +16,7 @@ use concord::grpo::loss::{
     grpo_loss, high_entropy_mask, k3_kl, quantile, LossInputs, LossParams, LossScale, LossStats,
     SapoTemperatures,
 };
-use concord::grpo::optim::{clip_grad_norm, global_norm, AdamW, AdamWParams, LrSchedule};
+use concord::learn::optim::{clip_grad_norm, global_norm, AdamW, AdamWParams, LrSchedule};
 use std::collections::BTreeMap;
 
 fn close(a: f64, b: f64, tol: f64) -> bool {

@@ -5,9 +5,9 @@ use candle_core::{DType, Device, Tensor};
 use concord::config::{Config, EnvConfig, LossType, Schedule};
 use concord::envs::Reward;
 use concord::grpo::loss::{grpo_loss, LossInputs, LossParams, LossScale};
-use concord::grpo::pack::{pack, Rollout};
 use concord::grpo::trainer::Trainer;
-use concord::grpo::update::completion_logprobs;
+use concord::learn::forward::completion_logprobs;
+use concord::learn::{pack, Sequence};
 use concord::model::lora::LoraConfig;
 use concord::model::qwen2::{random_weights, Mode, Qwen2, Qwen2Config};
 use concord::run::log::TIMING_COLUMNS;
@@ -154,18 +154,10 @@ fn lora_gradient_matches_finite_differences() {
         v.set(&Tensor::from_vec(vals, t.shape(), t.device()).unwrap())
             .unwrap();
     }
-    let mk = |p: Vec<u32>, c: Vec<u32>, a: f64, old: Vec<f32>| Rollout {
-        group: 0,
-        env_mask: vec![1.0; c.len()],
-        prompt_ids: p,
-        completion_ids: c,
-        truncated: false,
-        text: String::new(),
-        reward: Reward::default(),
-        scalar: 0.0,
+    let mk = |p: Vec<u32>, c: Vec<u32>, a: f64, old: Vec<f32>| Sequence {
         advantage: a,
         old_logp: Some(old),
-        sampler_logp: None,
+        ..Sequence::demonstration(&p, &c)
     };
     let rows = [
         mk(
@@ -176,8 +168,8 @@ fn lora_gradient_matches_finite_differences() {
         ),
         mk(vec![4, 9], vec![10, 5], -0.7, vec![-3.2, -3.6]),
     ];
-    let refs: Vec<&Rollout> = rows.iter().collect();
-    let packed = pack(&refs, 0, false).unwrap();
+    let refs: Vec<&Sequence> = rows.iter().collect();
+    let packed = pack(&refs, 0).unwrap();
     let params = LossParams {
         loss_type: LossType::Dapo,
         level: concord::config::ImportanceSamplingLevel::Token,
@@ -328,10 +320,10 @@ fn nan_loss_skips_the_update() {
         after1,
         "a NaN step changed the adapter"
     );
-    assert_eq!(t.opt.step_count(), 1);
+    assert_eq!(t.session.opt.step_count(), 1);
     t.step().unwrap();
     assert_ne!(lora_snapshot(&t.model), after1);
-    assert_eq!(t.opt.step_count(), 2);
+    assert_eq!(t.session.opt.step_count(), 2);
     let (h, rows) = read_csv(&dir.path().join("nan/training_log.csv"));
     assert_eq!(column(&h, &rows, "skipped"), vec![0.0, 1.0, 0.0]);
 }
@@ -406,7 +398,7 @@ fn resume_writes_the_same_rows() {
     b.train_with(Some(4), |_| {}).unwrap(); // checkpoint at 3, then one more step (lost)
     drop(b);
     let mut c = trainer(part, 0.1, true);
-    assert_eq!(c.state.step, 3);
+    assert_eq!(c.session.state.step, 3);
     c.train().unwrap();
 
     let (ha, ra) = read_csv(&dir.path().join("full/training_log.csv"));
@@ -564,7 +556,7 @@ fn curriculum_stages_switch_where_the_rules_say() {
     b.train_with(Some(5), |_| {}).unwrap();
     drop(b);
     let mut c = staged_trainer(part, true);
-    assert_eq!((c.state.step, c.state.stage), (4, 1));
+    assert_eq!((c.session.state.step, c.session.state.stage), (4, 1));
     c.train().unwrap();
     let (hb, rb) = read_csv(&dir.path().join("staged-part/training_log.csv"));
     assert_eq!(h, hb);

@@ -7,9 +7,10 @@ use crate::util::{max_abs, max_abs_diff};
 use candle_core::backprop::GradStore;
 use candle_core::{Device, Tensor};
 use concord::config::{Config, GrpoConfig, OptimConfig};
-use concord::grpo::optim::{AdamW, AdamWParams, LrSchedule};
-use concord::grpo::pack::{pack, Packed, Rollout};
-use concord::grpo::update::{Forward, Learner, UpdateStats};
+use concord::grpo::rollout::Rollout;
+use concord::grpo::update::{Learner, UpdateStats};
+use concord::learn::optim::{AdamW, AdamWParams, LrSchedule};
+use concord::learn::{pack, Forward, Packed, Sequence};
 use concord::model::budget::{TrainMemory, TrainShape, GB};
 use concord::model::qwen2::{Checkpoints, Mode, Qwen2};
 use std::ops::Range;
@@ -23,7 +24,7 @@ fn rows() -> Vec<Rollout> {
 fn update(o: &OptimConfig) -> anyhow::Result<(UpdateStats, Vec<Tensor>)> {
     let m = model();
     let rows = rows();
-    let mut batch = batch_of(rows);
+    let batch = batch_of(rows);
     let g = GrpoConfig {
         num_iterations: 2,
         beta: 0.05,
@@ -39,7 +40,7 @@ fn update(o: &OptimConfig) -> anyhow::Result<(UpdateStats, Vec<Tensor>)> {
         budget: None,
         dist: &concord::dist::Dist::single(),
     }
-    .update(&mut batch, &g, o, 0, 17)?;
+    .update(&batch, &g, o, 0, 17)?;
     let vars = m
         .lora_vars()
         .iter()
@@ -163,7 +164,7 @@ fn qwen05(checkpointing: bool) -> TrainMemory {
 
 #[test]
 fn a_full_length_completion_over_the_budget_is_said_before_training() {
-    use concord::grpo::plan::long_row_warning;
+    use concord::learn::plan::long_row_warning;
     use concord::model::budget::MemoryBudget;
     // The Whispers episode run on the real 0.5B (15.15 GB budget): a 1,951-token
     // trajectory was refused at about 24 GB, but only after five minutes of sampling;
@@ -219,9 +220,9 @@ fn grads(m: &Qwen2, p: &Packed, groups: Option<&[Range<usize>]>, ck: bool) -> Gr
 fn gradient_checkpointing_matches_the_plain_backward() {
     // LoRA dropout on: the recomputation must draw the same masks.
     let m = model_with_dropout(0.1);
-    let rows = rows();
-    let refs: Vec<&Rollout> = rows.iter().collect();
-    let p = pack(&refs, 0, false).unwrap();
+    let rows: Vec<Sequence> = rows().iter().map(|r| r.sequence(false)).collect();
+    let refs: Vec<&Sequence> = rows.iter().collect();
+    let p = pack(&refs, 0).unwrap();
     let ranges = [0..4, 4..8];
     for groups in [None, Some(&ranges[..])] {
         let plain = grads(&m, &p, groups, false);

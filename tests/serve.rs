@@ -726,7 +726,7 @@ fn train_on_a_served_environment_then_lose_it_with_a_checkpoint() {
     let mut t =
         Trainer::with_stages(p.cfg, p.model, p.renderer, p.stages, p.base, p.resume).unwrap();
     t.train_with(Some(2), |_| {}).unwrap();
-    let log = std::fs::read_to_string(t.run_dir.join("training_log.csv")).unwrap();
+    let log = std::fs::read_to_string(t.session.run_dir.join("training_log.csv")).unwrap();
     assert_eq!(log.lines().count(), 3, "{log}");
     assert!(
         log.lines()
@@ -742,7 +742,7 @@ fn train_on_a_served_environment_then_lose_it_with_a_checkpoint() {
         "{err}"
     );
     assert!(err.contains("lost the connection"), "{err}");
-    assert!(t.run_dir.join("checkpoint-2").is_dir());
+    assert!(t.session.run_dir.join("checkpoint-2").is_dir());
 }
 
 /// Well-formed ticketmelt answers (a malformed one zeroes the episode's reward).

@@ -2,7 +2,7 @@
 //! mask, bad data refused before anything is written, and the warm start into GRPO
 //! through `[model] adapter`.
 use candle_core::{DType, Device, Tensor};
-use concord::grpo::pack::{pack, Rollout};
+use concord::learn::{pack, Sequence};
 use concord::model::lora::LoraConfig;
 use concord::model::qwen2::{random_weights, Checkpoints, Mode, Qwen2, Qwen2Config};
 use concord::sft::data::parse_jsonl;
@@ -25,20 +25,8 @@ fn model() -> Qwen2 {
     Qwen2::new(&cfg, &w, Some(&lora)).unwrap()
 }
 
-fn row(prompt: &[u32], completion: &[u32]) -> Rollout {
-    Rollout {
-        group: 0,
-        prompt_ids: prompt.to_vec(),
-        completion_ids: completion.to_vec(),
-        env_mask: vec![1.0; completion.len()],
-        truncated: false,
-        text: String::new(),
-        reward: Default::default(),
-        scalar: 0.0,
-        advantage: 0.0,
-        old_logp: None,
-        sampler_logp: None,
-    }
+fn row(prompt: &[u32], completion: &[u32]) -> Sequence {
+    Sequence::demonstration(prompt, completion)
 }
 
 /// ln softmax(logits)[target] of every next token of `ids`, from the full `[T, V]`
@@ -82,7 +70,7 @@ fn sft_loss_matches_hand_computation_and_only_completion_tokens_count() {
     let (b_p, b_c) = (vec![7u32, 8], vec![9u32, 10, 11]);
     let ra = row(&a_p, &a_c);
     let rb = row(&b_p, &b_c);
-    let packed = pack(&[&ra, &rb], 0, false).unwrap();
+    let packed = pack(&[&ra, &rb], 0).unwrap();
     // Exactly the completion tokens are masked in.
     assert_eq!(packed.mask.iter().sum::<f32>(), 5.0);
     let (loss, hits) = micro_step(&m, &packed, 5.0, Mode::Grad, None).unwrap();
@@ -143,7 +131,7 @@ fn model_with_lora() -> Qwen2 {
 }
 
 /// Three demonstrations with an 18-token common prompt prefix and tails of their own.
-fn shared_prompt_rows() -> [Rollout; 3] {
+fn shared_prompt_rows() -> [Sequence; 3] {
     let sys: Vec<u32> = (0..18).map(|i| (i * 5 + 3) % 31 + 1).collect();
     let with = |tail: &[u32]| -> Vec<u32> { sys.iter().chain(tail).copied().collect() };
     [
@@ -159,8 +147,8 @@ fn shared_prompt_rows() -> [Rollout; 3] {
 fn shared_prefix_micro_step_equals_the_packed_one() {
     let m = model_with_lora();
     let rows = shared_prompt_rows();
-    let refs: Vec<&Rollout> = rows.iter().collect();
-    let (lp, hp) = micro_step(&m, &pack(&refs, 0, false).unwrap(), 6.0, Mode::Grad, None).unwrap();
+    let refs: Vec<&Sequence> = rows.iter().collect();
+    let (lp, hp) = micro_step(&m, &pack(&refs, 0).unwrap(), 6.0, Mode::Grad, None).unwrap();
     let (ls, hs) = micro_step_shared(&m, &refs, 0, 6.0, Mode::Grad, None)
         .unwrap()
         .expect("18 shared tokens");
@@ -182,7 +170,7 @@ fn shared_prefix_micro_step_equals_the_packed_one() {
     }
     // Too short a common prefix (or one row) falls back to the packed forward.
     let short = [row(&[1, 2, 3], &[4]), row(&[1, 2, 5], &[6])];
-    let short: Vec<&Rollout> = short.iter().collect();
+    let short: Vec<&Sequence> = short.iter().collect();
     assert!(micro_step_shared(&m, &short, 0, 2.0, Mode::Grad, None)
         .unwrap()
         .is_none());
@@ -197,8 +185,8 @@ fn shared_prefix_micro_step_equals_the_packed_one() {
 fn checkpointed_micro_steps_equal_the_plain_ones() {
     let m = model_with_lora();
     let rows = shared_prompt_rows();
-    let refs: Vec<&Rollout> = rows.iter().collect();
-    let packed = pack(&refs, 0, false).unwrap();
+    let refs: Vec<&Sequence> = rows.iter().collect();
+    let packed = pack(&refs, 0).unwrap();
     let grads_of = |shared: bool, ck: bool| {
         let c = ck.then(Checkpoints::new);
         let (l, _) = match shared {

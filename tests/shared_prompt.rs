@@ -9,10 +9,12 @@ use concord::config::{GrpoConfig, OptimConfig};
 use concord::envs::Reward;
 use concord::grpo::advantage::Advantages;
 use concord::grpo::batch::Batch;
-use concord::grpo::optim::{AdamW, AdamWParams, LrSchedule};
-use concord::grpo::pack::{pack, Packed, Rollout};
-use concord::grpo::plan::plan;
-use concord::grpo::update::{completion_logprobs, completion_logprobs_shared, Learner};
+use concord::grpo::rollout::Rollout;
+use concord::grpo::update::Learner;
+use concord::learn::forward::{completion_logprobs, completion_logprobs_shared};
+use concord::learn::optim::{AdamW, AdamWParams, LrSchedule};
+use concord::learn::plan::plan;
+use concord::learn::{pack, Packed, Sequence};
 use concord::model::budget::{MemoryBudget, TrainMemory};
 use concord::model::lora::LoraConfig;
 use concord::model::qwen2::{random_weights, Mode, Qwen2, Qwen2Config};
@@ -84,7 +86,6 @@ fn rollout(group: usize, prompt: &[u32], comp_len: usize, rng: &mut ChaCha8Rng) 
         reward: Reward::default(),
         scalar: 0.0,
         advantage: rng.gen::<f64>() * 2.0 - 1.0,
-        old_logp: None,
         sampler_logp: None,
     }
 }
@@ -100,6 +101,11 @@ pub(crate) fn groups(spec: &[(usize, &[usize])], seed: u64) -> Vec<Rollout> {
         }
     }
     out
+}
+
+/// The rows the learner trains on.
+fn sequences(rows: &[Rollout]) -> Vec<Sequence> {
+    rows.iter().map(|r| r.sequence(false)).collect()
 }
 
 /// sum(logp * mask * advantage) and its gradients.
@@ -121,8 +127,9 @@ fn loss_and_grads(p: &Packed, lp: &Tensor) -> GradStore {
 /// (max |Δ logp| on loss positions, max over vars of max|Δg| / max|g|).
 fn compare(rows: &[Rollout], ranges: &[Range<usize>], mode: Mode) -> (f32, f32) {
     let m = model();
-    let refs: Vec<&Rollout> = rows.iter().collect();
-    let p = pack(&refs, 0, false).unwrap();
+    let seqs = sequences(rows);
+    let refs: Vec<&Sequence> = seqs.iter().collect();
+    let p = pack(&refs, 0).unwrap();
     let (lp_u, _) = completion_logprobs(&m, &p, mode, 0.9, false).unwrap();
     let (lp_s, ent) = completion_logprobs_shared(&m, &p, ranges, mode, 0.9, true).unwrap();
     assert_eq!(lp_s.dims(), lp_u.dims());
@@ -183,7 +190,7 @@ fn shared_prompt_matches_packed_several_groups() {
 fn cuts(rows: &[Rollout], active: &[usize], micro: usize) -> Vec<(Vec<usize>, Vec<Range<usize>>)> {
     let m = model();
     plan(
-        rows,
+        &sequences(rows),
         active,
         micro,
         true,
@@ -250,7 +257,7 @@ fn update_with_share_prompt_matches() {
     let run = |share: bool| {
         let m = model();
         let rows = groups(&[(7, &[5, 3, 6, 2]), (4, &[2, 6, 4, 5])], 4);
-        let mut batch = batch_of(rows);
+        let batch = batch_of(rows);
         let g = GrpoConfig {
             num_iterations: 2,
             beta: 0.05,
@@ -273,7 +280,7 @@ fn update_with_share_prompt_matches() {
             budget: None,
             dist: &concord::dist::Dist::single(),
         }
-        .update(&mut batch, &g, &o, 0, 17)
+        .update(&batch, &g, &o, 0, 17)
         .unwrap();
         let secs = t.elapsed().as_secs_f64();
         let vars: Vec<Tensor> = m

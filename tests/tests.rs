@@ -14,6 +14,7 @@ mod grpo_train;
 mod load_checkpoint;
 mod memory;
 mod model_core;
+mod one_driver;
 mod parity;
 mod plot;
 mod postmortem;

@@ -20,7 +20,7 @@ pub struct SftArgs {
 }
 
 pub fn run(a: SftArgs) -> anyhow::Result<()> {
-    crate::sft::run_sft(crate::sft::SftOptions {
+    crate::train::sft::run(crate::train::sft::SftOptions {
         config: a.config,
         sets: a.sets,
         resume: a.resume,

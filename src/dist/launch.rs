@@ -12,7 +12,6 @@
 //! NCCL unique id on port `MASTER_PORT + 1` (`MASTER_PORT` itself is torchrun's store)
 //! or `CONCORD_NCCL_PORT` ([`serve_id`], [`fetch_id`]); NCCL itself then carries every
 //! collective.
-use super::Collective;
 use anyhow::{bail, Context, Result};
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream, ToSocketAddrs};
@@ -114,50 +113,6 @@ impl Launch {
             local_rank: 0,
             via: "no launcher",
         })
-    }
-
-    /// Join the process group. `device` is the `[model] device`; NCCL puts rank r on
-    /// `cuda:LOCAL_RANK`.
-    pub fn connect(&self, device: &mut String, timeout: Duration) -> Result<Box<dyn Collective>> {
-        match self.engine {
-            Engine::Mpi => self.connect_mpi(),
-            Engine::Nccl => self.connect_nccl(device, timeout),
-        }
-    }
-
-    #[cfg(feature = "mpi")]
-    fn connect_mpi(&self) -> Result<Box<dyn Collective>> {
-        Ok(Box::new(super::mpi::Mpi::init(self)?))
-    }
-
-    #[cfg(not(feature = "mpi"))]
-    fn connect_mpi(&self) -> Result<Box<dyn Collective>> {
-        bail!(
-            "started by {} as rank {} of {}, but this concord was built without MPI: \
-             rebuild with `cargo build --release --features mpi` (needs an MPI library, \
-             e.g. `apt-get install libopenmpi-dev openmpi-bin`, and libclang)",
-            self.via,
-            self.rank,
-            self.world_size
-        )
-    }
-
-    #[cfg(feature = "nccl")]
-    fn connect_nccl(&self, device: &mut String, timeout: Duration) -> Result<Box<dyn Collective>> {
-        *device = nccl_device(device, self)?;
-        Ok(Box::new(super::nccl::Nccl::init(self, device, timeout)?))
-    }
-
-    #[cfg(not(feature = "nccl"))]
-    fn connect_nccl(&self, _: &mut String, _: Duration) -> Result<Box<dyn Collective>> {
-        bail!(
-            "started by {} as rank {} of {}: that launch trains over NCCL, and this concord \
-             was built without it (`cargo build --release --features cuda,nccl`); on CPUs \
-             launch with `mpirun -np N` and a `--features mpi` build",
-            self.via,
-            self.rank,
-            self.world_size
-        )
     }
 }
 

@@ -152,7 +152,7 @@ impl Dist {
             return Ok(Self::single());
         }
         let timeout = timeout_from_env()?;
-        let inner = launch.connect(device, timeout)?;
+        let inner = connect(&launch, device, timeout)?;
         Ok(Self::new(inner, timeout))
     }
 
@@ -408,6 +408,50 @@ impl Watchdog {
             *g = None;
         }
     }
+}
+
+/// Join the process group. `device` is the `[model] device`; NCCL puts rank r on
+/// `cuda:LOCAL_RANK`.
+fn connect(l: &Launch, device: &mut String, timeout: Duration) -> Result<Box<dyn Collective>> {
+    match l.engine {
+        launch::Engine::Mpi => connect_mpi(l),
+        launch::Engine::Nccl => connect_nccl(l, device, timeout),
+    }
+}
+
+#[cfg(feature = "mpi")]
+fn connect_mpi(l: &Launch) -> Result<Box<dyn Collective>> {
+    Ok(Box::new(mpi::Mpi::init(l)?))
+}
+
+#[cfg(not(feature = "mpi"))]
+fn connect_mpi(l: &Launch) -> Result<Box<dyn Collective>> {
+    bail!(
+        "started by {} as rank {} of {}, but this concord was built without MPI: \
+         rebuild with `cargo build --release --features mpi` (needs an MPI library, \
+         e.g. `apt-get install libopenmpi-dev openmpi-bin`, and libclang)",
+        l.via,
+        l.rank,
+        l.world_size
+    )
+}
+
+#[cfg(feature = "nccl")]
+fn connect_nccl(l: &Launch, device: &mut String, timeout: Duration) -> Result<Box<dyn Collective>> {
+    *device = launch::nccl_device(device, l)?;
+    Ok(Box::new(nccl::Nccl::init(l, device, timeout)?))
+}
+
+#[cfg(not(feature = "nccl"))]
+fn connect_nccl(l: &Launch, _: &mut String, _: Duration) -> Result<Box<dyn Collective>> {
+    bail!(
+        "started by {} as rank {} of {}: that launch trains over NCCL, and this concord \
+         was built without it (`cargo build --release --features cuda,nccl`); on CPUs \
+         launch with `mpirun -np N` and a `--features mpi` build",
+        l.via,
+        l.rank,
+        l.world_size
+    )
 }
 
 #[cfg(test)]

@@ -13,14 +13,14 @@ use super::advantage::{
     check_weights, compute_advantages, group_has_signal, normalize_then_sum, weighted_reward,
     Advantages,
 };
-use super::pack::Rollout;
+use super::rollout::Rollout;
 use crate::config::{GrpoConfig, MultiObjectiveAggregation};
 use crate::dist::Dist;
 use crate::envs::{score_decisions_with, Decision, Reward};
-use crate::eval::{ModelPolicy, Progress};
 use crate::model::qwen2::Qwen2;
 use crate::rng::mix_seeds as mix;
 use crate::sample::{self, ChooseOn, Completion, FinishReason, GroupRequest, SamplingParams};
+use crate::task::policy::{ModelPolicy, Progress};
 use crate::task::{Episodes, Renderer, Task, TaskPrompt};
 use anyhow::{bail, Context, Result};
 use std::time::Instant;
@@ -276,7 +276,6 @@ fn draw_decisions(
                 reward,
                 scalar,
                 advantage: 0.0,
-                old_logp: None,
             });
         }
         groups.push(Group {
@@ -388,7 +387,6 @@ fn draw_episodes(
                 reward: p.reward,
                 scalar,
                 advantage: 0.0,
-                old_logp: None,
             });
         }
         groups.push(Group {

@@ -199,7 +199,7 @@ pub fn bench_step(o: &BenchStepOptions) -> Result<BenchStepReport> {
     let mut exported = Vec::new();
     let result = (|| {
         let mut sums = [0.0f64; 7];
-        let mut last_plan = super::plan::Plan::default();
+        let mut last_plan = crate::learn::Plan::default();
         let timed = o.steps.max(1);
         for i in 0..=timed {
             let t0 = Instant::now();
@@ -213,8 +213,8 @@ pub fn bench_step(o: &BenchStepOptions) -> Result<BenchStepReport> {
                     -1e-3
                 };
             }
-            let stats = t.update(stage, &mut batch, seed)?;
-            t.state.step += 1;
+            let stats = t.update(stage, &batch, seed)?;
+            t.session.state.step += 1;
             if i == 0 {
                 continue; // warm-up
             }

@@ -18,7 +18,7 @@
 //! in the first iteration, the recorded ones after), so the weights stay fixed over
 //! `num_iterations`, as TRL computes them once per generation batch. Everything here is
 //! detached: plain `f32` rows in, plain rows out.
-use super::loss::Extremes;
+use super::extremes::Extremes;
 use crate::config::{GrpoConfig, ImportanceSamplingMode};
 
 /// The importance-sampling correction's knobs.

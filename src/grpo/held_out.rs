@@ -16,7 +16,7 @@ impl Trainer {
     /// at the last step (`finished`).
     pub(super) fn evaluate_if_due(&mut self, finished: bool) -> Result<()> {
         let every = self.cfg.run.eval_every;
-        let step = self.state.step;
+        let step = self.session.state.step;
         if every == 0 || !(finished || step.is_multiple_of(every)) {
             return Ok(());
         }
@@ -46,7 +46,7 @@ impl Trainer {
                 .summarise();
             let secs = t.elapsed().as_secs_f64();
             log::append_eval_row(
-                &self.run_dir,
+                &self.session.run_dir,
                 step,
                 &name,
                 &e,

@@ -34,7 +34,8 @@
 //! step computes.) Two terms are per micro-batch by definition, as in TRL: the
 //! top-entropy quantile and the entropy bonus's mean (weighted by the micro-batch's
 //! share of the sequences); with one micro-batch (the default) both are the batch's.
-use super::correction::{off_policy_keep, SamplerCorrection};
+use super::correction::{off_policy_keep, SamplerCorrection, Weights};
+use super::extremes::Extremes;
 use crate::config::{GrpoConfig, ImportanceSamplingLevel, LossType};
 use anyhow::{bail, Result};
 use candle_core::{DType, Tensor, D};
@@ -178,79 +179,6 @@ pub struct LossInputs<'a> {
     /// The sampler's log-probs of the same tokens (under `softmax(logits / T)`), for the
     /// mismatch metrics and corrections.
     pub sampler_logp: Option<&'a Tensor>,
-}
-
-/// Minimum, maximum and mean of a stream of values, mergeable across micro-batches
-/// (0 for an empty stream, as TRL logs it).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Extremes {
-    min: f64,
-    max: f64,
-    sum: f64,
-    count: f64,
-}
-
-impl Default for Extremes {
-    fn default() -> Self {
-        Self {
-            min: f64::INFINITY,
-            max: f64::NEG_INFINITY,
-            sum: 0.0,
-            count: 0.0,
-        }
-    }
-}
-
-impl Extremes {
-    /// As four numbers (for a gather across processes); [`Extremes::from_array`] reads
-    /// them back.
-    pub fn to_array(&self) -> [f64; 4] {
-        [self.min, self.max, self.sum, self.count]
-    }
-    pub fn from_array(a: [f64; 4]) -> Self {
-        Self {
-            min: a[0],
-            max: a[1],
-            sum: a[2],
-            count: a[3],
-        }
-    }
-    pub fn push(&mut self, x: f64) {
-        self.min = self.min.min(x);
-        self.max = self.max.max(x);
-        self.sum += x;
-        self.count += 1.0;
-    }
-    pub fn merge(&mut self, o: &Extremes) {
-        self.min = self.min.min(o.min);
-        self.max = self.max.max(o.max);
-        self.sum += o.sum;
-        self.count += o.count;
-    }
-    pub fn count(&self) -> f64 {
-        self.count
-    }
-    pub fn min(&self) -> f64 {
-        if self.count > 0.0 {
-            self.min
-        } else {
-            0.0
-        }
-    }
-    pub fn max(&self) -> f64 {
-        if self.count > 0.0 {
-            self.max
-        } else {
-            0.0
-        }
-    }
-    pub fn mean(&self) -> f64 {
-        if self.count > 0.0 {
-            self.sum / self.count
-        } else {
-            0.0
-        }
-    }
 }
 
 /// Sums over masked tokens, accumulated across micro-batches; the means TRL logs are
@@ -564,214 +492,311 @@ impl Rows {
     }
 }
 
-/// The GRPO loss of one micro-batch, scaled as its share of the full batch.
+/// The GRPO loss of one micro-batch, scaled as its share of the full batch:
+/// importance weights, the loss type's per-token term, the token masks, the KL term,
+/// the loss type's normalisation, the entropy bonus.
 pub fn grpo_loss(inp: &LossInputs, p: &LossParams, scale: &LossScale) -> Result<LossOutput> {
-    let logp = inp.logp.to_dtype(DType::F32)?;
-    let (b, t) = logp.dims2()?;
-    let mask = inp.mask.to_dtype(DType::F32)?.detach();
-    if mask.dims2()? != (b, t) {
-        bail!(
-            "mask shape {:?} != logp shape {:?}",
-            mask.dims(),
-            logp.dims()
-        );
-    }
-    let adv = inp.advantages.to_dtype(DType::F32)?.detach();
-    if adv.dims1()? != b {
-        bail!("advantages have {} rows, logp {b}", adv.dims1()?);
-    }
-    let old = match inp.old_logp {
-        Some(o) => o.to_dtype(DType::F32)?.detach(),
-        None => logp.detach(),
-    };
-    let sampler = match inp.sampler_logp {
-        Some(s) if s.dims2()? != (b, t) => bail!(
-            "sampler log-probs shape {:?} != logp shape {:?}",
-            s.dims(),
-            logp.dims()
-        ),
-        Some(s) => Some(s.to_dtype(DType::F32)?.detach().to_vec2::<f32>()?),
-        None => None,
-    };
-    let rows = Rows {
-        mask: mask.to_vec2()?,
-        adv: adv.to_vec1()?,
-    };
+    let m = Micro::new(inp)?;
     let mut stats = LossStats::default();
-
-    // Sampler/trainer importance weights: always measured, applied when asked.
-    let old_rows: Vec<Vec<f32>> = old.to_vec2()?;
-    let is_weights = sampler
-        .as_ref()
-        .map(|s| p.correction.weights(&old_rows, s, &rows.mask));
-    if let Some(w) = &is_weights {
-        stats.sampling_logp_diff = w.logp_diff;
-        stats.sampling_ratio = w.ratio;
-    }
-    let apply_weights = match (&is_weights, p.correction.apply) {
-        (Some(w), true) => Some(&w.rows),
+    let is_weights = m.sampler_weights(p, &mut stats);
+    let apply = match (&is_weights, p.correction.apply) {
+        (Some(w), true) => Some(w.rows.as_slice()),
         (None, true) => bail!("importance_sampling_correction needs the sampler's log-probs"),
         _ => None,
     };
-
-    let log_ratio = (&logp - &old)?;
-    let log_w = match p.level {
-        ImportanceSamplingLevel::Token => log_ratio.clone(),
-        ImportanceSamplingLevel::Sequence => {
-            let num = (&log_ratio * &mask)?.sum_keepdim(D::Minus1)?;
-            let den = mask.sum_keepdim(D::Minus1)?.maximum(1.0)?;
-            (num / den)?.broadcast_as((b, t))?
-        }
-    };
-    let w = log_w.exp()?;
-    let adv_bt = adv.unsqueeze(1)?.broadcast_as((b, t))?;
-
-    let mut per_tok = match p.loss_type {
-        LossType::Grpo | LossType::Bnpo | LossType::DrGrpo | LossType::Dapo | LossType::Luspo => {
-            let (l, w1) = clipped_surrogate(&w, &adv_bt, p)?;
-            let w1: Vec<Vec<f32>> = w1.to_vec2()?;
-            let (lo, hi) = ((1.0 - p.epsilon_low) as f32, (1.0 + p.epsilon_high) as f32);
-            let low = |i: usize, j: usize| w1[i][j] < lo && rows.adv[i] < 0.0;
-            let high = |i: usize, j: usize| w1[i][j] > hi && rows.adv[i] > 0.0;
-            let (nl, units, low_seq) = rows.units(p.level, low);
-            let (nh, _, high_seq) = rows.units(p.level, high);
-            let (nr, _, _) = rows.units(p.level, |i, j| low(i, j) || high(i, j));
-            stats.clip_units = units;
-            stats.low_clipped = nl;
-            stats.high_clipped = nh;
-            stats.region_clipped = nr;
-            stats.low_per_seq = low_seq;
-            stats.high_per_seq = high_seq;
-            l
-        }
-        LossType::Cispo => {
-            let wd: Vec<Vec<f32>> = w.to_vec2()?;
-            let cap = p.epsilon_high as f32;
-            let (n, units, _) = rows.units(p.level, |i, j| wd[i][j] > cap && rows.adv[i] > 0.0);
-            stats.cispo_clipped = n;
-            stats.clip_units = units;
-            let capped = w.detach().minimum(p.epsilon_high)?;
-            ((capped * &adv_bt)? * &logp)?.neg()?
-        }
-        LossType::Sapo => {
-            let tau: Vec<f32> = rows
-                .adv
-                .iter()
-                .map(|&a| (if a > 0.0 { p.sapo.pos } else { p.sapo.neg }) as f32)
-                .collect();
-            let tau = per_row(&tau, &logp)?;
-            let gate = sigmoid(&((&w - 1.0)? * &tau)?)?;
-            (((gate * 4.0)? / &tau)? * &adv_bt)?.neg()?
-        }
-        LossType::Vespo => {
-            // The sequence's summed (not mean) token log-ratio, plus the sampler
-            // correction's log-weights when applied (clamped as the reference does).
-            let lr: Vec<Vec<f32>> = log_ratio.to_vec2()?;
-            let lo = 1e-8f64.ln();
-            let phi: Vec<f32> = (0..b)
-                .map(|i| {
-                    let mut s: f64 = lr[i]
-                        .iter()
-                        .zip(&rows.mask[i])
-                        .map(|(&x, &m)| (x as f64).clamp(-20.0, 20.0) * m as f64)
-                        .sum();
-                    if let Some(wr) = apply_weights {
-                        s += wr[i]
-                            .iter()
-                            .map(|&x| (x as f64).ln().clamp(lo, 20.0))
-                            .sum::<f64>();
-                    }
-                    let phi = p.vespo.phi(s, rows.adv[i] as f64);
-                    stats.vespo_phi.push(phi);
-                    phi as f32
-                })
-                .collect();
-            let phi = per_row(&phi, &logp)?;
-            ((phi * &adv_bt)? * &logp)?.neg()?
-        }
-    };
-
-    if let Some(threshold) = p.correction.off_policy_mask_threshold {
-        let lp: Vec<Vec<f32>> = logp.detach().to_vec2()?;
-        let reference = sampler.as_ref().unwrap_or(&old_rows);
-        let keep = off_policy_keep(&rows.adv, &lp, reference, &rows.mask, threshold);
-        let keep: Vec<f32> = keep.iter().map(|&k| if k { 1.0 } else { 0.0 }).collect();
-        per_tok = (per_tok * per_row(&keep, &logp)?)?;
-    }
-    let entropy_rows: Option<Vec<Vec<f32>>> = match inp.entropy {
-        Some(e) => Some(e.to_dtype(DType::F32)?.detach().to_vec2()?),
-        None => None,
-    };
-    let entropy_mask = if p.top_entropy_quantile < 1.0 {
-        let Some(e) = &entropy_rows else {
-            bail!("top_entropy_quantile < 1 needs the per-token entropies");
-        };
-        let em = high_entropy_mask(e, &rows.mask, p.top_entropy_quantile);
-        stats.entropy_kept = em.iter().flatten().map(|&x| x as f64).sum();
-        let em = rows_tensor(&em, &logp)?;
-        per_tok = (per_tok * &em)?;
-        Some(em)
-    } else {
-        stats.entropy_kept = rows.mask.iter().flatten().map(|&x| x as f64).sum();
-        None
-    };
-    if let (Some(wr), true) = (apply_weights, p.weights_policy_term()) {
-        per_tok = (per_tok * rows_tensor(wr, &logp)?)?;
-    }
-
-    if p.beta > 0.0 {
-        let r = match inp.ref_logp {
-            Some(r) => r.to_dtype(DType::F32)?.detach(),
-            None => bail!("beta > 0 needs reference log-probs"),
-        };
-        let kl = k3_kl(&logp, &r)?;
-        stats.kl_sum = sum_all_f64(&(kl.detach() * &mask)?)?;
-        stats.kl_tokens = sum_all_f64(&mask)?;
-        per_tok = (per_tok + (kl * p.beta)?)?;
-    }
-
-    let masked = (&per_tok * &mask)?;
-    let n_seq = scale.num_sequences.max(1) as f64;
-    let policy = match p.loss_type {
-        LossType::Grpo | LossType::Sapo => {
-            let per_seq = masked.sum(D::Minus1)?;
-            let len = mask.sum(D::Minus1)?.maximum(1.0)?;
-            ((per_seq / len)?.sum_all()? / n_seq)?
-        }
-        LossType::Bnpo | LossType::Dapo | LossType::Cispo | LossType::Vespo => {
-            (masked.sum_all()? / scale.active_tokens.max(1.0))?
-        }
-        LossType::DrGrpo => (masked.sum_all()? / (n_seq * p.max_completion_length.max(1) as f64))?,
-        LossType::Luspo => (masked.sum_all()? / n_seq)?,
-    };
+    let per_tok = m.policy_term(p, apply, &mut stats)?;
+    let (per_tok, entropy_mask) = m.token_masks(per_tok, p, apply, &mut stats)?;
+    let per_tok = m.with_kl(per_tok, p, &mut stats)?;
+    let policy = m.normalised(&per_tok, p, scale)?;
     stats.policy_loss = policy.to_dtype(DType::F64)?.to_scalar::<f64>()?;
-
-    // The entropy bonus: the mean entropy of the kept tokens, as this micro-batch's
-    // share (by sequences) of the batch's.
-    let loss = if p.entropy_coef != 0.0 {
-        let Some(e) = inp.entropy else {
-            bail!("entropy_coef needs the per-token entropies");
-        };
-        let eff = match &entropy_mask {
-            Some(em) => (&mask * em)?,
-            None => mask.clone(),
-        };
-        let n_eff = sum_all_f64(&eff)?.max(1.0);
-        let share = b as f64 / n_seq;
-        let bonus = ((e.to_dtype(DType::F32)? * &eff)?.sum_all()? * (share / n_eff))?;
-        (&policy - (bonus * p.entropy_coef)?)?
-    } else {
-        policy
-    };
-
-    stats.tokens = sum_all_f64(&mask)?;
+    let loss = m.with_entropy_bonus(policy, p, scale, entropy_mask.as_ref())?;
+    stats.tokens = sum_all_f64(&m.mask)?;
     if let Some(e) = inp.entropy {
         let e = e.to_dtype(DType::F32)?.detach();
-        stats.entropy_sum = sum_all_f64(&(e * &mask)?)?;
+        stats.entropy_sum = sum_all_f64(&(e * &m.mask)?)?;
         stats.entropy_tokens = stats.tokens;
     }
     stats.loss = loss.to_dtype(DType::F64)?.to_scalar::<f64>()?;
     Ok(LossOutput { loss, stats })
+}
+
+/// One micro-batch's loss inputs, checked, in f32, and detached where no gradient
+/// flows, with the host copies the statistics read.
+struct Micro<'a> {
+    inp: &'a LossInputs<'a>,
+    logp: Tensor,
+    mask: Tensor,
+    /// `[B, T]`: each row's advantage in every column.
+    adv_bt: Tensor,
+    /// `logp - old`.
+    log_ratio: Tensor,
+    old_rows: Vec<Vec<f32>>,
+    sampler: Option<Vec<Vec<f32>>>,
+    rows: Rows,
+}
+
+impl<'a> Micro<'a> {
+    fn new(inp: &'a LossInputs<'a>) -> Result<Self> {
+        let logp = inp.logp.to_dtype(DType::F32)?;
+        let (b, t) = logp.dims2()?;
+        let mask = inp.mask.to_dtype(DType::F32)?.detach();
+        if mask.dims2()? != (b, t) {
+            bail!(
+                "mask shape {:?} != logp shape {:?}",
+                mask.dims(),
+                logp.dims()
+            );
+        }
+        let adv = inp.advantages.to_dtype(DType::F32)?.detach();
+        if adv.dims1()? != b {
+            bail!("advantages have {} rows, logp {b}", adv.dims1()?);
+        }
+        let old = match inp.old_logp {
+            Some(o) => o.to_dtype(DType::F32)?.detach(),
+            None => logp.detach(),
+        };
+        let sampler = match inp.sampler_logp {
+            Some(s) if s.dims2()? != (b, t) => bail!(
+                "sampler log-probs shape {:?} != logp shape {:?}",
+                s.dims(),
+                logp.dims()
+            ),
+            Some(s) => Some(s.to_dtype(DType::F32)?.detach().to_vec2::<f32>()?),
+            None => None,
+        };
+        Ok(Micro {
+            inp,
+            rows: Rows {
+                mask: mask.to_vec2()?,
+                adv: adv.to_vec1()?,
+            },
+            adv_bt: adv.unsqueeze(1)?.broadcast_as((b, t))?,
+            log_ratio: (&logp - &old)?,
+            old_rows: old.to_vec2()?,
+            logp,
+            mask,
+            sampler,
+        })
+    }
+
+    /// Sampler/trainer importance weights: always measured (when the sampler's
+    /// log-probs are there), applied only when asked.
+    fn sampler_weights(&self, p: &LossParams, stats: &mut LossStats) -> Option<Weights> {
+        let w = self
+            .sampler
+            .as_ref()
+            .map(|s| p.correction.weights(&self.old_rows, s, &self.rows.mask))?;
+        stats.sampling_logp_diff = w.logp_diff;
+        stats.sampling_ratio = w.ratio;
+        Some(w)
+    }
+
+    /// The loss type's per-token policy term (`apply`: the sampler correction's
+    /// weights, which VESPO folds into its sequence weight).
+    fn policy_term(
+        &self,
+        p: &LossParams,
+        apply: Option<&[Vec<f32>]>,
+        stats: &mut LossStats,
+    ) -> Result<Tensor> {
+        let (b, t) = self.logp.dims2()?;
+        let log_w = match p.level {
+            ImportanceSamplingLevel::Token => self.log_ratio.clone(),
+            ImportanceSamplingLevel::Sequence => {
+                let num = (&self.log_ratio * &self.mask)?.sum_keepdim(D::Minus1)?;
+                let den = self.mask.sum_keepdim(D::Minus1)?.maximum(1.0)?;
+                (num / den)?.broadcast_as((b, t))?
+            }
+        };
+        let w = log_w.exp()?;
+        match p.loss_type {
+            LossType::Grpo
+            | LossType::Bnpo
+            | LossType::DrGrpo
+            | LossType::Dapo
+            | LossType::Luspo => self.clipped_term(&w, p, stats),
+            LossType::Cispo => self.cispo_term(&w, p, stats),
+            LossType::Sapo => self.sapo_term(&w, p),
+            LossType::Vespo => self.vespo_term(p, apply, stats),
+        }
+    }
+
+    /// PPO's clipped surrogate, with TRL's clip-fraction statistics.
+    fn clipped_term(&self, w: &Tensor, p: &LossParams, stats: &mut LossStats) -> Result<Tensor> {
+        let rows = &self.rows;
+        let (l, w1) = clipped_surrogate(w, &self.adv_bt, p)?;
+        let w1: Vec<Vec<f32>> = w1.to_vec2()?;
+        let (lo, hi) = ((1.0 - p.epsilon_low) as f32, (1.0 + p.epsilon_high) as f32);
+        let low = |i: usize, j: usize| w1[i][j] < lo && rows.adv[i] < 0.0;
+        let high = |i: usize, j: usize| w1[i][j] > hi && rows.adv[i] > 0.0;
+        let (nl, units, low_seq) = rows.units(p.level, low);
+        let (nh, _, high_seq) = rows.units(p.level, high);
+        let (nr, _, _) = rows.units(p.level, |i, j| low(i, j) || high(i, j));
+        stats.clip_units = units;
+        stats.low_clipped = nl;
+        stats.high_clipped = nh;
+        stats.region_clipped = nr;
+        stats.low_per_seq = low_seq;
+        stats.high_per_seq = high_seq;
+        Ok(l)
+    }
+
+    /// CISPO: the REINFORCE term with the importance weight capped and detached.
+    fn cispo_term(&self, w: &Tensor, p: &LossParams, stats: &mut LossStats) -> Result<Tensor> {
+        let rows = &self.rows;
+        let wd: Vec<Vec<f32>> = w.to_vec2()?;
+        let cap = p.epsilon_high as f32;
+        let (n, units, _) = rows.units(p.level, |i, j| wd[i][j] > cap && rows.adv[i] > 0.0);
+        stats.cispo_clipped = n;
+        stats.clip_units = units;
+        let capped = w.detach().minimum(p.epsilon_high)?;
+        Ok(((capped * &self.adv_bt)? * &self.logp)?.neg()?)
+    }
+
+    /// SAPO: a sigmoid gate on the ratio, its temperature by the advantage's sign.
+    fn sapo_term(&self, w: &Tensor, p: &LossParams) -> Result<Tensor> {
+        let tau: Vec<f32> = self
+            .rows
+            .adv
+            .iter()
+            .map(|&a| (if a > 0.0 { p.sapo.pos } else { p.sapo.neg }) as f32)
+            .collect();
+        let tau = per_row(&tau, &self.logp)?;
+        let gate = sigmoid(&((w - 1.0)? * &tau)?)?;
+        Ok((((gate * 4.0)? / &tau)? * &self.adv_bt)?.neg()?)
+    }
+
+    /// VESPO: a per-sequence weight from the sequence's summed (not mean) token
+    /// log-ratio, plus the sampler correction's log-weights when applied (clamped as
+    /// the reference does).
+    fn vespo_term(
+        &self,
+        p: &LossParams,
+        apply: Option<&[Vec<f32>]>,
+        stats: &mut LossStats,
+    ) -> Result<Tensor> {
+        let lr: Vec<Vec<f32>> = self.log_ratio.to_vec2()?;
+        let lo = 1e-8f64.ln();
+        let phi: Vec<f32> = (0..lr.len())
+            .map(|i| {
+                let mut s: f64 = lr[i]
+                    .iter()
+                    .zip(&self.rows.mask[i])
+                    .map(|(&x, &m)| (x as f64).clamp(-20.0, 20.0) * m as f64)
+                    .sum();
+                if let Some(wr) = apply {
+                    s += wr[i]
+                        .iter()
+                        .map(|&x| (x as f64).ln().clamp(lo, 20.0))
+                        .sum::<f64>();
+                }
+                let phi = p.vespo.phi(s, self.rows.adv[i] as f64);
+                stats.vespo_phi.push(phi);
+                phi as f32
+            })
+            .collect();
+        let phi = per_row(&phi, &self.logp)?;
+        Ok(((phi * &self.adv_bt)? * &self.logp)?.neg()?)
+    }
+
+    /// The token masks on the policy term: DeepSeek-V3.2's off-policy sequence mask,
+    /// the top-entropy mask (returned: the entropy bonus uses it too), and the sampler
+    /// correction's weights where the loss type applies them per token.
+    fn token_masks(
+        &self,
+        mut per_tok: Tensor,
+        p: &LossParams,
+        apply: Option<&[Vec<f32>]>,
+        stats: &mut LossStats,
+    ) -> Result<(Tensor, Option<Tensor>)> {
+        let rows = &self.rows;
+        if let Some(threshold) = p.correction.off_policy_mask_threshold {
+            let lp: Vec<Vec<f32>> = self.logp.detach().to_vec2()?;
+            let reference = self.sampler.as_ref().unwrap_or(&self.old_rows);
+            let keep = off_policy_keep(&rows.adv, &lp, reference, &rows.mask, threshold);
+            let keep: Vec<f32> = keep.iter().map(|&k| if k { 1.0 } else { 0.0 }).collect();
+            per_tok = (per_tok * per_row(&keep, &self.logp)?)?;
+        }
+        let entropy_mask = if p.top_entropy_quantile < 1.0 {
+            let Some(e) = self.inp.entropy else {
+                bail!("top_entropy_quantile < 1 needs the per-token entropies");
+            };
+            let e: Vec<Vec<f32>> = e.to_dtype(DType::F32)?.detach().to_vec2()?;
+            let em = high_entropy_mask(&e, &rows.mask, p.top_entropy_quantile);
+            stats.entropy_kept = em.iter().flatten().map(|&x| x as f64).sum();
+            let em = rows_tensor(&em, &self.logp)?;
+            per_tok = (per_tok * &em)?;
+            Some(em)
+        } else {
+            stats.entropy_kept = rows.mask.iter().flatten().map(|&x| x as f64).sum();
+            None
+        };
+        if let (Some(wr), true) = (apply, p.weights_policy_term()) {
+            per_tok = (per_tok * rows_tensor(wr, &self.logp)?)?;
+        }
+        Ok((per_tok, entropy_mask))
+    }
+
+    /// `per_tok` plus `beta` times the k3 KL to the reference policy.
+    fn with_kl(&self, per_tok: Tensor, p: &LossParams, stats: &mut LossStats) -> Result<Tensor> {
+        if p.beta <= 0.0 {
+            return Ok(per_tok);
+        }
+        let r = match self.inp.ref_logp {
+            Some(r) => r.to_dtype(DType::F32)?.detach(),
+            None => bail!("beta > 0 needs reference log-probs"),
+        };
+        let kl = k3_kl(&self.logp, &r)?;
+        stats.kl_sum = sum_all_f64(&(kl.detach() * &self.mask)?)?;
+        stats.kl_tokens = sum_all_f64(&self.mask)?;
+        Ok((per_tok + (kl * p.beta)?)?)
+    }
+
+    /// The masked per-token loss reduced as the loss type normalises it, over the
+    /// whole batch's sequences or tokens (`scale`).
+    fn normalised(&self, per_tok: &Tensor, p: &LossParams, scale: &LossScale) -> Result<Tensor> {
+        let masked = (per_tok * &self.mask)?;
+        let n_seq = scale.num_sequences.max(1) as f64;
+        Ok(match p.loss_type {
+            LossType::Grpo | LossType::Sapo => {
+                let per_seq = masked.sum(D::Minus1)?;
+                let len = self.mask.sum(D::Minus1)?.maximum(1.0)?;
+                ((per_seq / len)?.sum_all()? / n_seq)?
+            }
+            LossType::Bnpo | LossType::Dapo | LossType::Cispo | LossType::Vespo => {
+                (masked.sum_all()? / scale.active_tokens.max(1.0))?
+            }
+            LossType::DrGrpo => {
+                (masked.sum_all()? / (n_seq * p.max_completion_length.max(1) as f64))?
+            }
+            LossType::Luspo => (masked.sum_all()? / n_seq)?,
+        })
+    }
+
+    /// The entropy bonus: the mean entropy of the kept tokens, as this micro-batch's
+    /// share (by sequences) of the batch's.
+    fn with_entropy_bonus(
+        &self,
+        policy: Tensor,
+        p: &LossParams,
+        scale: &LossScale,
+        entropy_mask: Option<&Tensor>,
+    ) -> Result<Tensor> {
+        if p.entropy_coef == 0.0 {
+            return Ok(policy);
+        }
+        let Some(e) = self.inp.entropy else {
+            bail!("entropy_coef needs the per-token entropies");
+        };
+        let eff = match entropy_mask {
+            Some(em) => (&self.mask * em)?,
+            None => self.mask.clone(),
+        };
+        let n_eff = sum_all_f64(&eff)?.max(1.0);
+        let share = self.rows.mask.len() as f64 / scale.num_sequences.max(1) as f64;
+        let bonus = ((e.to_dtype(DType::F32)? * &eff)?.sum_all()? * (share / n_eff))?;
+        Ok((&policy - (bonus * p.entropy_coef)?)?)
+    }
 }
 
 #[cfg(test)]

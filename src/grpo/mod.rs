@@ -1,16 +1,16 @@
-//! Group Relative Policy Optimisation. The pure numerics ([`advantage`], [`loss`],
-//! [`correction`], [`optim`], [`pack`]) and the loop built from them: [`batch`] collects a step's
-//! scored completions, [`update`] turns them into one AdamW step, [`metrics`] makes the
-//! log row, and [`trainer`] runs steps, checkpoints and the curriculum.
+//! Group Relative Policy Optimisation on the shared learning core ([`crate::learn`]).
+//! The pure numerics ([`advantage`], [`loss`], [`correction`]) and the loop built from
+//! them: [`batch`] collects a step's scored [`rollout`]s, [`update`] turns them into one
+//! AdamW step, [`metrics`] makes the log row, and [`trainer`] runs steps, checkpoints
+//! and the curriculum.
 pub mod advantage;
 pub mod batch;
 pub mod bench;
 pub mod correction;
+pub mod extremes;
 mod held_out;
 pub mod loss;
 pub mod metrics;
-pub mod optim;
-pub mod pack;
-pub mod plan;
+pub mod rollout;
 pub mod trainer;
 pub mod update;

@@ -3,7 +3,7 @@
 //! Each step reads top to bottom:
 //! ```ignore
 //! let mut batch = self.collect(stage, seed)?;   // prompts -> G completions -> rewards -> advantages
-//! let stats = self.update(stage, &mut batch)?;  // micro-batches: forward, loss, backward, clip, AdamW
+//! let stats = self.update(stage, &batch)?;      // micro-batches: forward, loss, backward, clip, AdamW
 //! self.log(stage, &batch, &stats)?;             // training_log.csv row, samples.jsonl
 //! self.advance_curriculum(stage, batch.mean_reward());
 //! ```
@@ -22,20 +22,21 @@
 //! restored from `checkpoint-S/`) writes the same later rows as an uninterrupted one.
 use super::batch::{collect, Batch};
 use super::metrics;
-use super::optim::{AdamW, AdamWParams, LrSchedule};
 use super::update::{Learner, UpdateStats};
 use crate::config::stage::StageLength;
 use crate::config::Config;
 use crate::curriculum::{total_steps, Stage};
 use crate::dist::Dist;
 use crate::envs::remote::ConnectionLost;
+use crate::learn::optim::{AdamWParams, LrSchedule};
+use crate::learn::session::{Session, SessionOptions};
 use crate::model::budget::MemoryBudget;
 use crate::model::qwen2::Qwen2;
 use crate::rng::mix_seeds as mix;
-use crate::run::checkpoint::{self, TrainerState};
+use crate::run::checkpoint;
 use crate::run::log::{self, StepRow};
 use crate::task::{Renderer, Task};
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::rc::Rc;
@@ -47,16 +48,14 @@ pub struct Trainer {
     pub renderer: Box<dyn Renderer>,
     /// The curriculum (one open `main` stage without `[[stage]]` tables).
     pub stages: Vec<Stage>,
-    pub opt: AdamW,
+    /// The optimizer, the step counters and the run directory's checkpoints.
+    pub session: Session,
     sched: LrSchedule,
     /// Steps the run takes at most (`run.steps`, or less when every stage is bounded).
     total_steps: usize,
-    pub run_dir: PathBuf,
-    pub state: TrainerState,
     /// Hide the progress bar.
     pub quiet: bool,
     pad_id: u32,
-    base_model: String,
     /// The most micro-batches an update of this process was cut into so far: the
     /// memory line is printed at the first update and whenever this grows.
     max_micro_batches: Option<usize>,
@@ -118,45 +117,20 @@ impl Trainer {
             bail!("a run needs at least one stage");
         }
         let run_dir = cfg.run_dir();
-        std::fs::create_dir_all(&run_dir)
-            .with_context(|| format!("creating {}", run_dir.display()))?;
-        let mut state = TrainerState::fresh(cfg.run.seed);
-        let latest = if resume {
-            checkpoint::latest(&run_dir)?
-        } else {
-            None
-        };
-        if resume && latest.is_none() && root {
-            crate::note!(
-                "no checkpoint in {}: starting from step 0",
-                run_dir.display()
-            );
-        }
-        // The adapter is restored before the optimizer is built over its variables.
-        if let Some((_, dir)) = &latest {
-            model.load_adapter(dir)?;
-        }
-        let vars = model.lora_vars();
-        if vars.is_empty() {
-            bail!("the model has no LoRA parameters to train");
-        }
-        let mut opt = AdamW::new(vars, AdamWParams::from_config(&cfg.optim))?;
-        if let Some((step, dir)) = &latest {
-            opt.load(&dir.join(checkpoint::OPTIMIZER))?;
-            state = checkpoint::load_state(dir, *step)?;
-            if root {
-                log::truncate_logs(&run_dir, state.step)?;
-                crate::note!("resuming {} from step {}", run_dir.display(), state.step);
-            }
-        } else if root {
-            log::remove_logs(&run_dir)?;
-        }
-        if root {
-            crate::atomic::atomic_write_bytes(
-                &run_dir.join("config.toml"),
-                cfg.to_run_toml(&run_dir)?.as_bytes(),
-            )?;
-        }
+        let mut session = Session::open(
+            &mut model,
+            SessionOptions {
+                run_toml: cfg.to_run_toml(&run_dir)?,
+                run_dir,
+                params: AdamWParams::from_config(&cfg.optim),
+                seed: cfg.run.seed,
+                resume,
+                writes: root,
+                base_model,
+                save_total_limit: cfg.run.save_total_limit,
+            },
+        )?;
+        let state = &mut session.state;
         if state.csv_header.is_empty() {
             let mut names: Vec<String> = stages
                 .iter()
@@ -177,14 +151,11 @@ impl Trainer {
             model,
             renderer,
             stages,
-            opt,
+            session,
             sched,
             total_steps,
-            run_dir,
-            state,
             quiet: !root,
             pad_id,
-            base_model,
             max_micro_batches: None,
             host_budget: None,
             dist,
@@ -193,7 +164,7 @@ impl Trainer {
 
     /// The index of the stage the next step belongs to.
     pub(super) fn stage_index(&self) -> usize {
-        self.state.stage.min(self.stages.len() - 1)
+        self.session.state.stage.min(self.stages.len() - 1)
     }
 
     /// The stage the next step belongs to.
@@ -228,11 +199,11 @@ impl Trainer {
             .progress_chars("=> "),
         );
         pb.set_prefix(self.cfg.run.name.clone());
-        pb.set_position(self.state.step as u64);
+        pb.set_position(self.session.state.step as u64);
         let mut lines = (!self.quiet && !std::io::stderr().is_terminal())
-            .then(|| ProgressLines::new(self.state.step, total));
+            .then(|| ProgressLines::new(self.session.state.step, total));
         let mut done_here = 0;
-        while self.state.step < total && self.state.stage < self.stages.len() {
+        while self.session.state.step < total && self.session.state.stage < self.stages.len() {
             if limit == Some(done_here) {
                 break;
             }
@@ -241,19 +212,19 @@ impl Trainer {
                 Err(e) => return Err(self.on_step_error(e)),
             };
             done_here += 1;
-            pb.set_position(self.state.step as u64);
+            pb.set_position(self.session.state.step as u64);
             pb.set_message(format!(
                 "reward {:.3} kl {:.4} gen {:.0} tok/s train {:.0} tok/s",
                 row.reward, row.kl, row.gen_tokens_per_s, row.train_tokens_per_s,
             ));
-            let s = self.state.step;
+            let s = self.session.state.step;
             let save_every = self.cfg.run.save_every;
             // A signal reaches the processes of a job at different moments: they stop
             // together, after the same step.
             let interrupted = self
                 .dist
                 .any("interrupt flag", crate::run::signal::interrupted())?;
-            let finished = s == total || self.state.stage >= self.stages.len();
+            let finished = s == total || self.session.state.stage >= self.stages.len();
             if let Some(p) = lines.as_mut() {
                 p.step(s, row.reward, row.step_time, finished || interrupted);
             }
@@ -267,7 +238,7 @@ impl Trainer {
                 pb.abandon_with_message(format!("interrupted: checkpoint-{s} written"));
                 bail!(
                     "interrupted at step {s}; resume with `{}`",
-                    crate::run::dir::resume_command("train", &self.run_dir)
+                    crate::run::dir::resume_command("train", &self.session.run_dir)
                 );
             }
         }
@@ -283,16 +254,16 @@ impl Trainer {
         let lost = e.chain().any(|c| c.is::<ConnectionLost>());
         // In a data-parallel run the failing process alone knows: it ends the job
         // (`Dist::or_abort`) and the run resumes from the last saved checkpoint.
-        if !lost || self.state.step == 0 || self.dist.is_distributed() {
+        if !lost || self.session.state.step == 0 || self.dist.is_distributed() {
             return e;
         }
-        let s = self.state.step;
+        let s = self.session.state.step;
         match self.save_checkpoint() {
             Ok(_) => e.context(format!(
                 "step {} stopped: the OpenEnv server was lost; checkpoint-{s} written; \
                  resume with `{}` once it is back",
                 s + 1,
-                crate::run::dir::resume_command("train", &self.run_dir)
+                crate::run::dir::resume_command("train", &self.session.run_dir)
             )),
             Err(ce) => e.context(format!(
                 "step {} stopped: the OpenEnv server was lost, and writing checkpoint-{s} \
@@ -316,7 +287,7 @@ impl Trainer {
         let seed = self.step_seed();
         let mut batch = self.collect(stage, seed)?;
         edit(&mut batch);
-        let stats = self.update(stage, &mut batch, seed)?;
+        let stats = self.update(stage, &batch, seed)?;
         let row = self.log(stage, &batch, &stats, t_start)?;
         self.advance_curriculum(stage, batch.mean_reward());
         Ok(row)
@@ -324,14 +295,14 @@ impl Trainer {
 
     /// The seed of the next step: a pure function of `(run.seed, step)`.
     pub(super) fn step_seed(&self) -> u64 {
-        mix(self.cfg.run.seed, self.state.step as u64)
+        mix(self.cfg.run.seed, self.session.state.step as u64)
     }
 
     /// Prompts -> G completions each (sampled with the adapter on) -> rewards ->
     /// advantages.
     pub(super) fn collect(&mut self, stage: usize, seed: u64) -> Result<Batch> {
         self.model.set_adapter_enabled(true);
-        let first_step = self.state.step == 0 || self.state.csv_header.is_empty();
+        let first_step = self.session.state.step == 0 || self.session.state.csv_header.is_empty();
         let st = &mut self.stages[stage];
         collect(
             &self.model,
@@ -345,14 +316,9 @@ impl Trainer {
     }
 
     /// `num_iterations` AdamW updates on the batch.
-    pub(super) fn update(
-        &mut self,
-        stage: usize,
-        batch: &mut Batch,
-        seed: u64,
-    ) -> Result<UpdateStats> {
+    pub(super) fn update(&mut self, stage: usize, batch: &Batch, seed: u64) -> Result<UpdateStats> {
         let cfg = &self.stages[stage].cfg;
-        self.opt.params = AdamWParams::from_config(&cfg.optim);
+        self.session.opt.params = AdamWParams::from_config(&cfg.optim);
         if self.host_budget.is_none() && cfg.optim.memory_budget_gb.is_none() {
             let budget = MemoryBudget::resolve(None, self.model.device());
             if !self.quiet {
@@ -363,18 +329,22 @@ impl Trainer {
         }
         let stats = Learner {
             model: &self.model,
-            opt: &mut self.opt,
+            opt: &mut self.session.opt,
             sched: &self.sched,
             pad_id: self.pad_id,
             budget: self.host_budget,
             dist: &self.dist,
         }
-        .update(batch, &cfg.grpo, &cfg.optim, self.state.step, seed)?;
+        .update(batch, &cfg.grpo, &cfg.optim, self.session.state.step, seed)?;
         let n = stats.plan.micro_batches.len();
         if n > 0 && self.max_micro_batches.is_none_or(|m| n > m) {
             self.max_micro_batches = Some(n);
             if !self.quiet {
-                crate::note!("step {}: {}", self.state.step + 1, stats.plan.summary());
+                crate::note!(
+                    "step {}: {}",
+                    self.session.state.step + 1,
+                    stats.plan.summary()
+                );
             }
         }
         Ok(stats)
@@ -390,58 +360,58 @@ impl Trainer {
         t_start: Instant,
     ) -> Result<StepRow> {
         let step_time = t_start.elapsed().as_secs_f64();
-        self.state.step += 1;
-        self.state.num_tokens += (batch.gen_tokens() + batch.prompt_tokens()) as f64;
-        self.state.seconds += step_time;
+        self.session.state.step += 1;
+        self.session.state.num_tokens += (batch.gen_tokens() + batch.prompt_tokens()) as f64;
+        self.session.state.seconds += step_time;
         let st = &self.stages[stage];
         let row = StepRow {
-            step: self.state.step,
+            step: self.session.state.step,
             stage: st.name.clone(),
             env: st.task.name(),
-            num_tokens: self.state.num_tokens,
+            num_tokens: self.session.state.num_tokens,
             peak_mem_mb: crate::sys::peak_rss_mb(),
             step_time,
-            seconds: self.state.seconds,
+            seconds: self.session.state.seconds,
             ..metrics::row(batch, stats)
         };
-        if self.state.csv_header.is_empty() {
+        if self.session.state.csv_header.is_empty() {
             let names: Vec<String> = row.components.keys().cloned().collect();
-            self.state.csv_header = log::csv_header(&names, optional_columns(&self.stages));
+            self.session.state.csv_header = log::csv_header(&names, optional_columns(&self.stages));
         }
         if self.dist.is_root() {
             log::append_row(
-                &self.run_dir,
-                &self.state.csv_header,
+                &self.session.run_dir,
+                &self.session.state.csv_header,
                 &row,
                 self.cfg.run.tensorboard(),
             )?;
             let samples = metrics::samples(
                 batch,
                 st.task.as_ref(),
-                self.state.step,
+                self.session.state.step,
                 &st.name,
                 self.cfg.run.log_samples,
             );
-            log::append_samples(&self.run_dir, &samples)?;
+            log::append_samples(&self.session.run_dir, &samples)?;
         }
         Ok(row)
     }
 
     /// Record the step's mean reward and move to the next stage when this one is over.
     fn advance_curriculum(&mut self, stage: usize, mean_reward: f64) {
-        self.state.stage_rewards.push(mean_reward);
+        self.session.state.stage_rewards.push(mean_reward);
         let st = &self.stages[stage];
-        if let Some(why) = st.length.finished(&self.state.stage_rewards) {
+        if let Some(why) = st.length.finished(&self.session.state.stage_rewards) {
             if let Some(next) = self.stages.get(stage + 1) {
                 crate::note!(
                     "\nstage `{}` -> `{}` after step {} ({why})",
                     st.name,
                     next.name,
-                    self.state.step
+                    self.session.state.step
                 );
             }
-            self.state.stage = stage + 1;
-            self.state.stage_rewards.clear();
+            self.session.state.stage = stage + 1;
+            self.session.state.stage_rewards.clear();
         }
     }
 
@@ -451,18 +421,12 @@ impl Trainer {
     pub fn save_checkpoint(&self) -> Result<PathBuf> {
         if !self.dist.is_root() {
             self.dist.barrier("checkpoint")?;
-            return Ok(checkpoint::dir_of(&self.run_dir, self.state.step));
+            return Ok(checkpoint::dir_of(
+                &self.session.run_dir,
+                self.session.state.step,
+            ));
         }
-        let dir = checkpoint::save(
-            &self.run_dir,
-            &self.state,
-            self.cfg.run.save_total_limit,
-            |tmp| {
-                self.model.save_adapter(tmp, &self.base_model)?;
-                self.opt.save(&tmp.join(checkpoint::OPTIMIZER))
-            },
-        )?;
-        self.model.save_adapter(&self.run_dir, &self.base_model)?;
+        let dir = self.session.save(&self.model)?;
         self.dist.barrier("checkpoint")?;
         Ok(dir)
     }

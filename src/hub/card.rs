@@ -1,7 +1,10 @@
 //! The model card (`README.md`) generated for an exported run: the base model, the
 //! training recipe from config.toml, the final training-log numbers and, when present,
 //! the before/after table of eval.json.
+use std::fmt::Write;
+
 use super::*;
+use crate::run::eval_report::EnvEval;
 
 /// `read(path)` when the file exists; a warning naming what the card then lacks when it
 /// cannot be read.
@@ -62,8 +65,6 @@ fn cell(s: &str) -> String {
     s.replace('|', "\\|").replace('\n', " ")
 }
 
-/// The model card (`README.md`) for a run: YAML metadata, what the adapter is, the
-/// training configuration, final metrics, the eval table, the plots and how to load it.
 /// A path as a public card may show it: an absolute one (a local model or config, which
 /// names the machine's directories) becomes its file name; Hub ids and relative paths
 /// stay as they are.
@@ -75,6 +76,14 @@ fn public_path(p: &str) -> String {
     path.file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_else(|| p.to_string())
+}
+
+/// `k = v, k = v` for a TOML table, in the table's order.
+fn key_values(t: &toml::Table) -> String {
+    t.iter()
+        .map(|(k, v)| format!("{k} = {}", toml_str(v)))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// Where the run started when not from a fresh LoRA: `model.adapter`, and the `[sft]`
@@ -112,26 +121,11 @@ fn start_section(c: &toml::Table) -> String {
     s
 }
 
+/// The model card (`README.md`) for a run: YAML metadata, what the adapter is, the
+/// training configuration, final metrics, the eval table, the plots and how to load it.
 pub fn model_card(run_dir: &Path, repo: &str) -> Result<String> {
-    use std::fmt::Write;
-
-    let adapter_path = run_dir.join("adapter_config.json");
-    let adapter: Value = serde_json::from_str(
-        &std::fs::read_to_string(&adapter_path)
-            .with_context(|| format!("reading {}", adapter_path.display()))?,
-    )
-    .with_context(|| format!("parsing {}", adapter_path.display()))?;
-    let config_path = run_dir.join("config.toml");
-    let config: Option<toml::Table> = if config_path.is_file() {
-        let text = std::fs::read_to_string(&config_path)
-            .with_context(|| format!("reading {}", config_path.display()))?;
-        Some(
-            text.parse::<toml::Table>()
-                .with_context(|| format!("parsing {}", config_path.display()))?,
-        )
-    } else {
-        None
-    };
+    let adapter = read_adapter_config(run_dir)?;
+    let config = read_config(run_dir)?;
     // Both files are uploaded as they are; only the card needs them understood.
     let log = read_if_present(&run_dir.join("training_log.csv"), "final metrics", |p| {
         TrainingLog::read(p)
@@ -140,311 +134,407 @@ pub fn model_card(run_dir: &Path, repo: &str) -> Result<String> {
         EvalReport::read(p)
     });
 
-    let base = adapter
+    let base = public_path(&base_model(&adapter, config.as_ref()));
+    let base_id = hub_model_id(&base);
+    let stages = curriculum_stages(config.as_ref());
+    let envs = env_names(config.as_ref(), &stages, log.as_ref());
+    let title = repo.rsplit('/').next().unwrap_or(repo);
+
+    let mut md = front_matter(base_id.as_deref(), &envs);
+    md.push_str(&overview(title, &base, base_id.as_deref(), &envs));
+    if let Some(c) = &config {
+        md.push_str(&start_section(c));
+        md.push_str(&config_section(c, &stages));
+    }
+    if let Some(log) = log.as_ref().filter(|l| !l.is_empty()) {
+        md.push_str(&metrics_section(log));
+    }
+    if let Some(ev) = eval.as_ref().filter(|e| !e.models.is_empty()) {
+        md.push_str(&eval_section(ev));
+    }
+    md.push_str(&plots_section(run_dir));
+    let base_q = base_id.as_deref().unwrap_or(&base);
+    md.push_str(&usage_section(repo, title, base_q));
+    Ok(md)
+}
+
+fn read_adapter_config(run_dir: &Path) -> Result<Value> {
+    let path = run_dir.join("adapter_config.json");
+    let text =
+        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))
+}
+
+/// The run's config.toml; None when the run directory has none, an error when it has
+/// one that cannot be read or parsed.
+fn read_config(run_dir: &Path) -> Result<Option<toml::Table>> {
+    let path = run_dir.join("config.toml");
+    if !path.is_file() {
+        return Ok(None);
+    }
+    let text =
+        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    let table = text
+        .parse::<toml::Table>()
+        .with_context(|| format!("parsing {}", path.display()))?;
+    Ok(Some(table))
+}
+
+/// The base model as the adapter records it, else as the config names it.
+fn base_model(adapter: &Value, config: Option<&toml::Table>) -> String {
+    adapter
         .get("base_model_name_or_path")
         .and_then(Value::as_str)
-        .map(str::to_string)
         .or_else(|| {
             config
-                .as_ref()
                 .and_then(|c| get(c, &["model", "name"]))
                 .and_then(|v| v.as_str())
-                .map(str::to_string)
         })
-        .unwrap_or_else(|| "unknown".to_string());
-    let base = public_path(&base);
-    let base_id = hub_model_id(&base);
+        .unwrap_or("unknown")
+        .to_string()
+}
 
-    // Environment names: [env], [[stage]] tables, the log's env column.
+/// The `[[stage]]` tables of a curriculum config (empty for a single-stage run).
+fn curriculum_stages(config: Option<&toml::Table>) -> Vec<&toml::Table> {
+    config
+        .and_then(|c| c.get("stage"))
+        .and_then(|s| s.as_array())
+        .map(|a| a.iter().filter_map(|v| v.as_table()).collect())
+        .unwrap_or_default()
+}
+
+/// The environments the run trained on, first seen first: `[env]`, the `[[stage]]`
+/// mixtures, then the log's env column (which still names them when config.toml is
+/// missing).
+fn env_names(
+    config: Option<&toml::Table>,
+    stages: &[&toml::Table],
+    log: Option<&TrainingLog>,
+) -> Vec<String> {
+    let from_env = config
+        .and_then(|c| get(c, &["env", "name"]))
+        .and_then(|v| v.as_str());
+    let from_stages = stages
+        .iter()
+        .filter_map(|s| s.get("envs").and_then(|v| v.as_table()))
+        .flat_map(|mixture| mixture.keys().map(String::as_str));
+    let from_log = log
+        .into_iter()
+        .flat_map(|l| l.envs.iter().map(String::as_str));
     let mut envs: Vec<String> = Vec::new();
-    let mut add_env = |e: &str| {
+    for e in from_env.into_iter().chain(from_stages).chain(from_log) {
         let e = e.trim();
         if !e.is_empty() && !envs.iter().any(|x| x == e) {
             envs.push(e.to_string());
         }
-    };
-    let stages: Vec<toml::Table> = config
-        .as_ref()
-        .and_then(|c| c.get("stage"))
-        .and_then(|s| s.as_array())
-        .map(|a| a.iter().filter_map(|v| v.as_table().cloned()).collect())
-        .unwrap_or_default();
-    if let Some(c) = &config {
-        if let Some(e) = get(c, &["env", "name"]).and_then(|v| v.as_str()) {
-            add_env(e);
-        }
     }
-    for s in &stages {
-        if let Some(mixture) = s.get("envs").and_then(|v| v.as_table()) {
-            mixture.keys().for_each(|e| add_env(e));
-        }
-    }
-    if let Some(log) = &log {
-        log.envs.iter().for_each(|e| add_env(e));
-    }
+    envs
+}
 
-    let mut md = String::new();
-    // Front matter.
-    md.push_str("---\n");
-    if let Some(id) = &base_id {
+/// The YAML metadata the Hub indexes. Environment names become tags only when they are
+/// plain words, so that none needs YAML quoting.
+fn front_matter(base_id: Option<&str>, envs: &[String]) -> String {
+    let mut md = String::from("---\n");
+    if let Some(id) = base_id {
         let _ = writeln!(md, "base_model: {id}");
     }
     md.push_str("library_name: peft\ntags:\n- concord\n- grpo\n- lora\n");
-    for e in &envs {
-        if e.chars()
+    let plain = |e: &&String| {
+        e.chars()
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_'))
-        {
-            let _ = writeln!(md, "- {e}");
-        }
+    };
+    for e in envs.iter().filter(plain) {
+        let _ = writeln!(md, "- {e}");
     }
     md.push_str("---\n\n");
+    md
+}
 
-    let title = repo.rsplit('/').next().unwrap_or(repo);
-    let _ = writeln!(md, "# {title}\n");
-    let env_text = if envs.is_empty() {
-        "multi-agent coordination environments".to_string()
-    } else {
-        let list = envs
-            .iter()
-            .map(|e| format!("`{e}`"))
-            .collect::<Vec<_>>()
-            .join(", ");
-        format!(
-            "the {list} environment{}",
-            if envs.len() > 1 { "s" } else { "" }
-        )
-    };
-    let base_link = match &base_id {
+/// The title, the one-paragraph summary and the base model section. The base model
+/// links to its Hub page only when it is a Hub id; a local model is named as it is.
+fn overview(title: &str, base: &str, base_id: Option<&str>, envs: &[String]) -> String {
+    let base_link = match base_id {
         Some(id) => format!("[`{id}`](https://huggingface.co/{id})"),
         None => format!("`{base}`"),
     };
+    let mut md = String::new();
+    let _ = writeln!(md, "# {title}\n");
     let _ = writeln!(
         md,
         "A LoRA adapter for {base_link}, trained with GRPO (group relative policy \
-         optimization) by Concord, a pure-Rust GRPO trainer, on {env_text}.\n"
+         optimization) by Concord, a pure-Rust GRPO trainer, on {}.\n",
+        trained_on(envs)
     );
-
     let _ = writeln!(md, "## Base model\n\n{base_link}\n");
-    if let Some(c) = &config {
-        md.push_str(&start_section(c));
-    }
+    md
+}
 
-    // Configuration.
-    if let Some(c) = &config {
-        md.push_str("## Training configuration\n\n| setting | value |\n|---|---|\n");
-        let row = |md: &mut String, k: &str, path: &[&str]| {
-            if let Some(v) = get(c, path) {
-                let _ = writeln!(md, "| {k} | {} |", cell(&toml_str(v)));
-            }
-        };
-        row(&mut md, "LoRA r", &["lora", "r"]);
-        row(&mut md, "LoRA alpha", &["lora", "alpha"]);
-        row(&mut md, "LoRA targets", &["lora", "targets"]);
-        row(
-            &mut md,
-            "GRPO num_generations",
-            &["grpo", "num_generations"],
-        );
-        row(
-            &mut md,
-            "GRPO prompts_per_step",
-            &["grpo", "prompts_per_step"],
-        );
-        row(&mut md, "GRPO temperature", &["grpo", "temperature"]);
-        row(&mut md, "GRPO loss_type", &["grpo", "loss_type"]);
-        row(&mut md, "GRPO beta (KL)", &["grpo", "beta"]);
-        row(
-            &mut md,
-            "max completion length",
-            &["grpo", "max_completion_length"],
-        );
-        row(&mut md, "learning rate", &["optim", "learning_rate"]);
-        row(&mut md, "schedule", &["optim", "schedule"]);
-        row(&mut md, "steps", &["run", "steps"]);
-        row(&mut md, "seed", &["run", "seed"]);
-        if let Some(e) = get(c, &["env", "name"]) {
-            let opts = get(c, &["env", "options"])
-                .and_then(|o| o.as_table())
-                .filter(|t| !t.is_empty())
-                .map(|t| {
-                    let kv: Vec<String> = t
-                        .iter()
-                        .map(|(k, v)| format!("{k} = {}", toml_str(v)))
-                        .collect();
-                    format!(" ({})", kv.join(", "))
-                })
-                .unwrap_or_default();
-            let _ = writeln!(
-                md,
-                "| environment | {} |",
-                cell(&format!("{}{opts}", toml_str(e)))
-            );
+/// What the summary says the adapter was trained on: the named environments, or a
+/// generic phrase when the run records none.
+fn trained_on(envs: &[String]) -> String {
+    if envs.is_empty() {
+        return "multi-agent coordination environments".to_string();
+    }
+    let list = envs
+        .iter()
+        .map(|e| format!("`{e}`"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    format!(
+        "the {list} environment{}",
+        if envs.len() > 1 { "s" } else { "" }
+    )
+}
+
+/// The settings the configuration table shows, by config.toml key; the rest is in the
+/// uploaded config.toml, which the section links to.
+const CONFIG_ROWS: [(&str, &[&str]); 13] = [
+    ("LoRA r", &["lora", "r"]),
+    ("LoRA alpha", &["lora", "alpha"]),
+    ("LoRA targets", &["lora", "targets"]),
+    ("GRPO num_generations", &["grpo", "num_generations"]),
+    ("GRPO prompts_per_step", &["grpo", "prompts_per_step"]),
+    ("GRPO temperature", &["grpo", "temperature"]),
+    ("GRPO loss_type", &["grpo", "loss_type"]),
+    ("GRPO beta (KL)", &["grpo", "beta"]),
+    ("max completion length", &["grpo", "max_completion_length"]),
+    ("learning rate", &["optim", "learning_rate"]),
+    ("schedule", &["optim", "schedule"]),
+    ("steps", &["run", "steps"]),
+    ("seed", &["run", "seed"]),
+];
+
+/// The training configuration table (only the settings the config sets) and, for a
+/// curriculum, its stages.
+fn config_section(c: &toml::Table, stages: &[&toml::Table]) -> String {
+    let mut md = String::from("## Training configuration\n\n| setting | value |\n|---|---|\n");
+    for (label, path) in CONFIG_ROWS {
+        if let Some(v) = get(c, path) {
+            let _ = writeln!(md, "| {label} | {} |", cell(&toml_str(v)));
         }
-        md.push('\n');
-        if !stages.is_empty() {
-            md.push_str("Curriculum stages:\n\n| # | stage |\n|---|---|\n");
-            for (i, s) in stages.iter().enumerate() {
-                let kv: Vec<String> = s
-                    .iter()
-                    .map(|(k, v)| match v {
-                        toml::Value::Table(t) => {
-                            let inner: Vec<String> = t
-                                .iter()
-                                .map(|(k2, v2)| format!("{k2} = {}", toml_str(v2)))
-                                .collect();
-                            format!("{k}: {}", inner.join(", "))
-                        }
-                        _ => format!("{k} = {}", toml_str(v)),
-                    })
-                    .collect();
-                let _ = writeln!(md, "| {} | {} |", i + 1, cell(&kv.join("; ")));
+    }
+    if let Some(env) = env_setting(c) {
+        let _ = writeln!(md, "| environment | {} |", cell(&env));
+    }
+    md.push('\n');
+    md.push_str(&curriculum_table(stages));
+    md.push_str("The full configuration is in [`config.toml`](config.toml).\n\n");
+    md
+}
+
+/// `env.name` followed by its `env.options`, if any: `ticketmelt (players = 3)`.
+fn env_setting(c: &toml::Table) -> Option<String> {
+    let name = get(c, &["env", "name"])?;
+    let opts = get(c, &["env", "options"])
+        .and_then(|o| o.as_table())
+        .filter(|t| !t.is_empty())
+        .map(|t| format!(" ({})", key_values(t)))
+        .unwrap_or_default();
+    Some(format!("{}{opts}", toml_str(name)))
+}
+
+/// One table row per `[[stage]]` (empty without a curriculum).
+fn curriculum_table(stages: &[&toml::Table]) -> String {
+    if stages.is_empty() {
+        return String::new();
+    }
+    let mut md = String::from("Curriculum stages:\n\n| # | stage |\n|---|---|\n");
+    for (i, s) in stages.iter().enumerate() {
+        let _ = writeln!(md, "| {} | {} |", i + 1, cell(&stage_summary(s)));
+    }
+    md.push('\n');
+    md
+}
+
+/// A stage on one line, its env mixture (an inline table) included:
+/// `name = a; steps = 2; envs: ticketmelt = 1`.
+fn stage_summary(s: &toml::Table) -> String {
+    s.iter()
+        .map(|(k, v)| match v {
+            toml::Value::Table(t) => format!("{k}: {}", key_values(t)),
+            _ => format!("{k} = {}", toml_str(v)),
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// The last logged value of each headline metric (and of each reward component), with
+/// the reward also averaged over the last steps because one step's reward is noisy.
+fn metrics_section(log: &TrainingLog) -> String {
+    let last = |name: &str| {
+        log.column(name)
+            .and_then(|c| c.last().copied())
+            .and_then(finite)
+    };
+    let step = log.steps.last().map_or("?".to_string(), |s| fmt_num(*s));
+    let mut md = String::new();
+    let _ = writeln!(
+        md,
+        "## Final metrics (step {step})\n\n| metric | value |\n|---|---|"
+    );
+    metric_row(&mut md, "reward", last("reward"));
+    if let Some((n, mean)) = recent_reward_mean(log) {
+        let label = format!("reward, mean of the last {n} steps");
+        metric_row(&mut md, &label, Some(mean));
+    }
+    for k in ["kl", "entropy", "grad_norm"] {
+        metric_row(&mut md, k, last(k));
+    }
+    for h in &log.header {
+        if h.starts_with("rewards/") && h.ends_with("/mean") {
+            metric_row(&mut md, h, last(h));
+        }
+    }
+    md.push_str("\nPer-step metrics are in [`training_log.csv`](training_log.csv).\n\n");
+    md
+}
+
+/// A metrics table row; none for a metric the log lacks or never got a finite value.
+fn metric_row(md: &mut String, label: &str, v: Option<f64>) {
+    if let Some(v) = v {
+        let _ = writeln!(md, "| {} | {} |", cell(label), fmt_num(v));
+    }
+}
+
+/// The mean of the finite rewards among the last 10 steps, and how many there were.
+fn recent_reward_mean(log: &TrainingLog) -> Option<(usize, f64)> {
+    let rewards = log.column("reward").unwrap_or_default();
+    let vals: Vec<f64> = rewards[rewards.len().saturating_sub(10)..]
+        .iter()
+        .copied()
+        .filter_map(finite)
+        .collect();
+    if vals.is_empty() {
+        return None;
+    }
+    Some((vals.len(), vals.iter().sum::<f64>() / vals.len() as f64))
+}
+
+/// How `concord eval` ran, then one row per environment and model; with both a base
+/// and an adapter, the adapter's rows also show its change over the base.
+fn eval_section(ev: &EvalReport) -> String {
+    let decoding = if ev.greedy {
+        "greedy decoding"
+    } else {
+        "sampled decoding"
+    };
+    let facts = [
+        format!("config `{}`", public_path(&ev.config)),
+        format!("{} episodes per environment", ev.episodes),
+        decoding.to_string(),
+        format!("seeds from {}", ev.first_seed),
+    ];
+    let mut md = format!("## Evaluation\n\n`concord eval`: {}.\n\n", facts.join(", "));
+    let base = ev.models.get("base");
+    let both = base.is_some() && ev.models.contains_key("adapter");
+    md.push_str(&eval_table_head(both));
+    let models = models_in_order(ev);
+    for env in eval_env_names(ev) {
+        for (name, m) in &models {
+            let Some(r) = m.envs.get(env) else { continue };
+            md.push_str(&eval_row(env, name, r));
+            if both {
+                md.push_str(&delta_cells(name, r, base.and_then(|b| b.envs.get(env))));
             }
             md.push('\n');
         }
-        md.push_str("The full configuration is in [`config.toml`](config.toml).\n\n");
     }
+    md.push('\n');
+    md
+}
 
-    // Final metrics.
-    if let Some(log) = log.as_ref().filter(|l| !l.is_empty()) {
-        let last = |name: &str| {
-            log.column(name)
-                .and_then(|c| c.last().copied())
-                .and_then(finite)
-        };
-        let step = log.steps.last().map_or("?".to_string(), |s| fmt_num(*s));
-        let _ = writeln!(
-            md,
-            "## Final metrics (step {step})\n\n| metric | value |\n|---|---|"
-        );
-        let metric = |md: &mut String, label: &str, v: Option<f64>| {
-            if let Some(v) = v {
-                let _ = writeln!(md, "| {} | {} |", cell(label), fmt_num(v));
-            }
-        };
-        metric(&mut md, "reward", last("reward"));
-        let rewards = log.column("reward").unwrap_or_default();
-        let vals: Vec<f64> = rewards[rewards.len().saturating_sub(10)..]
-            .iter()
-            .copied()
-            .filter_map(finite)
-            .collect();
-        if !vals.is_empty() {
-            let mean = vals.iter().sum::<f64>() / vals.len() as f64;
-            metric(
-                &mut md,
-                &format!("reward, mean of the last {} steps", vals.len()),
-                Some(mean),
-            );
-        }
-        for k in ["kl", "entropy", "grad_norm"] {
-            metric(&mut md, k, last(k));
-        }
-        for h in &log.header {
-            if h.starts_with("rewards/") && h.ends_with("/mean") {
-                metric(&mut md, h, last(h));
-            }
-        }
-        md.push_str("\nPer-step metrics are in [`training_log.csv`](training_log.csv).\n\n");
+fn eval_table_head(with_deltas: bool) -> String {
+    let mut md = String::from(
+        "| env | model | episodes | reward (95% CI) | win rate (95% CI) | components |",
+    );
+    if with_deltas {
+        md.push_str(" Δ reward | Δ win rate |");
     }
-
-    // Evaluation.
-    if let Some(ev) = eval.as_ref().filter(|e| !e.models.is_empty()) {
-        md.push_str("## Evaluation\n\n");
-        let facts = [
-            format!("config `{}`", public_path(&ev.config)),
-            format!("{} episodes per environment", ev.episodes),
-            if ev.greedy {
-                "greedy decoding"
-            } else {
-                "sampled decoding"
-            }
-            .to_string(),
-            format!("seeds from {}", ev.first_seed),
-        ];
-        let _ = writeln!(md, "`concord eval`: {}.\n", facts.join(", "));
-        let base_m = ev.models.get("base");
-        let adapter_m = ev.models.get("adapter");
-        let both = base_m.is_some() && adapter_m.is_some();
-        let mut env_names: Vec<&String> = Vec::new();
-        for m in ev.models.values() {
-            for e in m.envs.keys() {
-                if !env_names.contains(&e) {
-                    env_names.push(e);
-                }
-            }
-        }
-        md.push_str(
-            "| env | model | episodes | reward (95% CI) | win rate (95% CI) | components |",
-        );
-        if both {
-            md.push_str(" Δ reward | Δ win rate |");
-        }
-        md.push_str("\n|---|---|---|---|---|---|");
-        if both {
-            md.push_str("---|---|");
-        }
-        md.push('\n');
-        let with_ci = |v: f64, [lo, hi]: [f64; 2]| match (finite(v), finite(lo), finite(hi)) {
-            (Some(v), Some(lo), Some(hi)) => {
-                format!("{} [{}, {}]", fmt_num(v), fmt_num(lo), fmt_num(hi))
-            }
-            (Some(v), _, _) => fmt_num(v),
-            _ => "–".to_string(),
-        };
-        let delta = |a: f64, b: f64| match (finite(a), finite(b)) {
-            (Some(a), Some(b)) => format!("{:+.4}", a - b),
-            _ => "–".to_string(),
-        };
-        // Known models first (base, adapter), then any others by name.
-        let mut order: Vec<(&String, &ModelEval)> = ev.models.iter().collect();
-        order.sort_by_key(|(k, _)| match k.as_str() {
-            "base" => 0,
-            "adapter" => 1,
-            _ => 2,
-        });
-        for env in &env_names {
-            for (mname, m) in &order {
-                let Some(r) = m.envs.get(*env) else { continue };
-                let comps = r
-                    .components
-                    .iter()
-                    .map(|(k, v)| match finite(*v) {
-                        Some(v) => format!("{k} {}", fmt_num(v)),
-                        None => format!("{k} –"),
-                    })
-                    .collect::<Vec<_>>()
-                    .join(", ");
-                let _ = write!(
-                    md,
-                    "| {} | {} | {} | {} | {} | {} |",
-                    cell(env),
-                    cell(mname),
-                    r.episodes,
-                    with_ci(r.reward_mean, r.reward_ci95),
-                    with_ci(r.win_rate, r.win_ci95),
-                    cell(&comps)
-                );
-                if both {
-                    let b = base_m.and_then(|b| b.envs.get(*env));
-                    if mname.as_str() == "adapter" && b.is_some() {
-                        let b = b.map_or((f64::NAN, f64::NAN), |b| (b.reward_mean, b.win_rate));
-                        let _ = write!(
-                            md,
-                            " {} | {} |",
-                            delta(r.reward_mean, b.0),
-                            delta(r.win_rate, b.1)
-                        );
-                    } else {
-                        md.push_str("  |  |");
-                    }
-                }
-                md.push('\n');
-            }
-        }
-        md.push('\n');
+    md.push_str("\n|---|---|---|---|---|---|");
+    if with_deltas {
+        md.push_str("---|---|");
     }
+    md.push('\n');
+    md
+}
 
-    // Plots.
+/// Known models first (base, adapter), then any others by name.
+fn models_in_order(ev: &EvalReport) -> Vec<(&String, &ModelEval)> {
+    let mut order: Vec<(&String, &ModelEval)> = ev.models.iter().collect();
+    order.sort_by_key(|(k, _)| match k.as_str() {
+        "base" => 0,
+        "adapter" => 1,
+        _ => 2,
+    });
+    order
+}
+
+/// Every environment any model was evaluated on, first seen first (models by name).
+fn eval_env_names(ev: &EvalReport) -> Vec<&str> {
+    let mut names: Vec<&str> = Vec::new();
+    for e in ev.models.values().flat_map(|m| m.envs.keys()) {
+        if !names.contains(&e.as_str()) {
+            names.push(e);
+        }
+    }
+    names
+}
+
+/// An eval table row up to the components column (no delta cells, no newline).
+fn eval_row(env: &str, model: &str, r: &EnvEval) -> String {
+    let comps = r
+        .components
+        .iter()
+        .map(|(k, v)| match finite(*v) {
+            Some(v) => format!("{k} {}", fmt_num(v)),
+            None => format!("{k} –"),
+        })
+        .collect::<Vec<_>>()
+        .join(", ");
+    format!(
+        "| {} | {} | {} | {} | {} | {} |",
+        cell(env),
+        cell(model),
+        r.episodes,
+        with_ci(r.reward_mean, r.reward_ci95),
+        with_ci(r.win_rate, r.win_ci95),
+        cell(&comps)
+    )
+}
+
+/// The adapter's change over the base on the same environment; blank cells for every
+/// other row, and where the base was not evaluated on that environment.
+fn delta_cells(model: &str, r: &EnvEval, base: Option<&EnvEval>) -> String {
+    match base {
+        Some(b) if model == "adapter" => format!(
+            " {} | {} |",
+            delta(r.reward_mean, b.reward_mean),
+            delta(r.win_rate, b.win_rate)
+        ),
+        _ => "  |  |".to_string(),
+    }
+}
+
+/// `v [lo, hi]`; just `v` when the interval is undefined, `–` when `v` is.
+fn with_ci(v: f64, [lo, hi]: [f64; 2]) -> String {
+    match (finite(v), finite(lo), finite(hi)) {
+        (Some(v), Some(lo), Some(hi)) => {
+            format!("{} [{}, {}]", fmt_num(v), fmt_num(lo), fmt_num(hi))
+        }
+        (Some(v), _, _) => fmt_num(v),
+        _ => "–".to_string(),
+    }
+}
+
+fn delta(a: f64, b: f64) -> String {
+    match (finite(a), finite(b)) {
+        (Some(a), Some(b)) => format!("{:+.4}", a - b),
+        _ => "–".to_string(),
+    }
+}
+
+/// The plots `concord plot` left in the run directory (each is optional).
+fn plots_section(run_dir: &Path) -> String {
     let plots: Vec<(&str, &str)> = [
         ("reward_curve.png", "Reward curve"),
         ("components.png", "Reward components"),
@@ -453,42 +543,45 @@ pub fn model_card(run_dir: &Path, repo: &str) -> Result<String> {
     .into_iter()
     .filter(|(f, _)| run_dir.join(f).is_file())
     .collect();
-    if !plots.is_empty() {
-        md.push_str("## Plots\n\n");
-        for (f, alt) in plots {
-            let _ = writeln!(md, "![{alt}]({f})\n");
-        }
+    if plots.is_empty() {
+        return String::new();
     }
+    let mut md = String::from("## Plots\n\n");
+    for (f, alt) in plots {
+        let _ = writeln!(md, "![{alt}]({f})\n");
+    }
+    md
+}
 
-    // Usage.
-    let base_q = base_id.clone().unwrap_or_else(|| base.clone());
+/// Loading the adapter with peft and with Concord. `base` is what `from_pretrained` and
+/// `--model` accept: the Hub id when there is one.
+fn usage_section(repo: &str, title: &str, base: &str) -> String {
+    let mut md = String::new();
     let _ = writeln!(
         md,
         "## How to use\n\n### With peft\n\n```python\nfrom peft import PeftModel\n\
          from transformers import AutoModelForCausalLM, AutoTokenizer\n\n\
-         base = AutoModelForCausalLM.from_pretrained(\"{base_q}\")\n\
-         tokenizer = AutoTokenizer.from_pretrained(\"{base_q}\")\n\
+         base = AutoModelForCausalLM.from_pretrained(\"{base}\")\n\
+         tokenizer = AutoTokenizer.from_pretrained(\"{base}\")\n\
          model = PeftModel.from_pretrained(base, \"{repo}\")\n```\n"
     );
     let local = format!("adapters/{title}");
     let _ = writeln!(
         md,
         "### With Concord\n\n```bash\nhuggingface-cli download {repo} --local-dir {local}\n\
-         concord generate --model {base_q} --adapter {local} --messages chat.json \
+         concord generate --model {base} --adapter {local} --messages chat.json \
          --max-new-tokens 256\n```\n\n`chat.json` holds one conversation: a JSON list of \
          `{{\"role\", \"content\"}}` messages."
     );
-    Ok(md)
+    md
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    #[test]
-    fn hub_model_card_eval_table() {
-        let dir = tempfile::tempdir().unwrap();
-        let d = dir.path();
+    /// A two-stage run with a training log and a base/adapter eval report.
+    fn write_example_run(d: &Path) {
         std::fs::write(
             d.join("adapter_config.json"),
             r#"{"base_model_name_or_path":"Qwen/Qwen2.5-0.5B-Instruct","r":8}"#,
@@ -517,6 +610,13 @@ mod tests {
                 "reward_ci95":[0.45,0.55],"win_rate":0.5,"win_ci95":[0.4,0.6],"components":{"r1_own":0.9}}}}}}"#,
         )
         .unwrap();
+    }
+
+    #[test]
+    fn hub_model_card_eval_table() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        write_example_run(d);
         let card = model_card(d, "me/my-adapter").unwrap();
         assert!(
             card.starts_with("---\nbase_model: Qwen/Qwen2.5-0.5B-Instruct\nlibrary_name: peft\n")

@@ -98,7 +98,6 @@ impl RowSampler {
         generated: usize,
         rng: &mut R,
     ) -> Choice {
-        let v = logits.len();
         let greedy = params.is_greedy();
         let inv_t = if greedy {
             1.0
@@ -108,191 +107,286 @@ impl RowSampler {
 
         // Full temperature-scaled distribution (what the trainer recomputes).
         let (raw_max, raw_lse) = max_and_lse(logits, inv_t);
-
-        // Processed logits: only copied when something modifies them.
-        let penalize_on = params.repetition_penalty != 1.0 && !context.is_empty();
-        let suppress_on = generated < params.min_new_tokens && !params.stop_token_ids.is_empty();
-        let modified = penalize_on || suppress_on;
-        if modified {
-            self.processed.clear();
-            self.processed.extend_from_slice(logits);
-            if penalize_on {
-                for &t in context {
-                    if let Some(&x) = logits.get(t as usize) {
-                        // from the raw value: idempotent for repeated tokens
-                        self.processed[t as usize] = penalize(x, params.repetition_penalty);
-                    }
-                }
-            }
-            if suppress_on {
-                for &t in &params.stop_token_ids {
-                    if (t as usize) < v {
-                        self.processed[t as usize] = f32::NEG_INFINITY;
-                    }
-                }
-            }
-        }
-        let l: &[f32] = if modified { &self.processed } else { logits };
         let full = |tok: usize| ((logits[tok] - raw_max) * inv_t) as f64 - raw_lse;
 
+        let modified = self.process(logits, params, context, generated);
+        let l: &[f32] = if modified { &self.processed } else { logits };
+
         if greedy {
-            let mut best = 0usize;
-            let mut best_v = f32::NEG_INFINITY;
-            for (i, &x) in l.iter().enumerate() {
-                if x > best_v {
-                    best_v = x;
-                    best = i;
-                }
-            }
-            return Choice {
-                token: best as u32,
-                sample_logprob: 0.0,
-                full_logprob: full(best) as f32,
-            };
-        }
-
-        let m = l.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-        let top_k_on = params.top_k > 0 && params.top_k < v;
-        let top_p_on = params.top_p < 1.0;
-        let min_p_on = params.min_p > 0.0;
-
-        let u: f64 = rng.gen::<f64>();
-
-        if !top_k_on && !top_p_on && !min_p_on {
-            // Sample over the whole vocabulary.
-            let (tok, lp) = if !modified {
-                // weights identical to the full distribution: reuse its normaliser
-                let z = raw_lse.exp();
-                let target = u * z;
-                let mut acc = 0.0f64;
-                let mut tok = last_finite(l);
-                for (i, &x) in l.iter().enumerate() {
-                    acc += ((x - m) * inv_t).exp() as f64;
-                    if acc > target {
-                        tok = i;
-                        break;
-                    }
-                }
-                (tok, full(tok))
-            } else {
-                self.w.clear();
-                self.w.extend(l.iter().map(|&x| ((x - m) * inv_t).exp()));
-                let z: f64 = self.w.iter().map(|&x| x as f64).sum();
-                let target = u * z;
-                let mut acc = 0.0f64;
-                let mut tok = last_finite(l);
-                for (i, &wi) in self.w.iter().enumerate() {
-                    acc += wi as f64;
-                    if acc > target {
-                        tok = i;
-                        break;
-                    }
-                }
-                (tok, (self.w[tok] as f64 / z).ln())
-            };
+            let tok = argmax(l);
             return Choice {
                 token: tok as u32,
-                sample_logprob: lp as f32,
+                sample_logprob: 0.0,
                 full_logprob: full(tok) as f32,
             };
         }
 
-        // Candidate set, sorted by descending logit when top-k or top-p need an order.
-        self.idx.clear();
-        if top_k_on {
-            let kth = kth_largest(l, params.top_k);
-            // ties with the k-th value are kept (as transformers does)
-            self.idx.extend(
-                l.iter()
-                    .enumerate()
-                    .filter(|(_, &x)| x >= kth && x > f32::NEG_INFINITY)
-                    .map(|(i, _)| i as u32),
-            );
-            sort_desc(&mut self.idx, l);
-        }
-        if top_p_on {
-            if top_k_on {
-                let z: f64 = self
-                    .idx
-                    .iter()
-                    .map(|&i| ((l[i as usize] - m) * inv_t).exp() as f64)
-                    .sum();
-                let keep = nucleus_len(&self.idx, l, m, inv_t, params.top_p as f64 * z);
-                self.idx.truncate(keep);
+        let m = l.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let filters = Filters::of(params, l.len());
+        let u: f64 = rng.gen::<f64>();
+
+        let (tok, sample_logprob) = if !filters.any() {
+            if modified {
+                draw_vocab(l, m, inv_t, u, &mut self.w)
             } else {
-                let weight = |x: f32| ((x - m) * inv_t).exp();
-                let z: f64 = l.iter().map(|&x| weight(x) as f64).sum();
-                let need = params.top_p as f64 * z;
-                // Partial selection: the tokens above a weight threshold hold the whole
-                // nucleus once their mass reaches `need`; sort only those.
-                let mut thr = 1e-3f32;
-                loop {
-                    self.idx.clear();
-                    let mut mass = 0.0f64;
-                    for (i, &x) in l.iter().enumerate() {
-                        let wi = weight(x);
-                        if wi >= thr && wi > 0.0 {
-                            self.idx.push(i as u32);
-                            mass += wi as f64;
-                        }
-                    }
-                    if mass >= need || thr == 0.0 {
-                        break;
-                    }
-                    thr = if thr < 1e-30 { 0.0 } else { thr * 1e-4 };
-                }
-                sort_desc(&mut self.idx, l);
-                let keep = nucleus_len(&self.idx, l, m, inv_t, need);
-                self.idx.truncate(keep);
+                // weights identical to the full distribution: reuse its normaliser
+                let target = u * raw_lse.exp();
+                let weights = l.iter().map(|&x| weight(x, m, inv_t));
+                let tok = inverse_cdf(weights, target).unwrap_or_else(|| last_finite(l));
+                (tok, full(tok))
             }
-        }
-        if min_p_on {
-            // probability relative to the top token: exp((l - max) / T) >= min_p
-            let ln_min_p = (params.min_p as f64).ln();
-            let keep = |x: f32| (((x - m) * inv_t) as f64) >= ln_min_p;
-            if top_k_on || top_p_on {
-                self.idx.retain(|&i| keep(l[i as usize]));
-            } else {
-                self.idx.extend(
-                    l.iter()
-                        .enumerate()
-                        .filter(|(_, &x)| x > f32::NEG_INFINITY && keep(x))
-                        .map(|(i, _)| i as u32),
-                );
-            }
-        }
-        if self.idx.is_empty() {
-            // cannot happen with finite logits (the top token always survives)
-            let tok = l
-                .iter()
-                .enumerate()
-                .fold(0usize, |b, (i, &x)| if x > l[b] { i } else { b });
-            self.idx.push(tok as u32);
-        }
-        self.w.clear();
-        self.w.extend(
-            self.idx
-                .iter()
-                .map(|&i| ((l[i as usize] - m) * inv_t).exp()),
-        );
-        let z: f64 = self.w.iter().map(|&x| x as f64).sum();
-        let target = u * z;
-        let mut acc = 0.0f64;
-        let mut pick = self.idx.len() - 1;
-        for (j, &wi) in self.w.iter().enumerate() {
-            acc += wi as f64;
-            if acc > target {
-                pick = j;
-                break;
-            }
-        }
-        let tok = self.idx[pick] as usize;
+        } else {
+            candidates(&mut self.idx, l, m, inv_t, filters);
+            draw_candidates(&self.idx, l, m, inv_t, u, &mut self.w)
+        };
         Choice {
             token: tok as u32,
-            sample_logprob: (self.w[pick] as f64 / z).ln() as f32,
+            sample_logprob: sample_logprob as f32,
             full_logprob: full(tok) as f32,
         }
     }
+
+    /// Copies `logits` into `self.processed` with the repetition penalty and the
+    /// min-new-tokens suppression applied; false (nothing copied) when neither is on.
+    #[inline]
+    fn process(
+        &mut self,
+        logits: &[f32],
+        params: &SamplingParams,
+        context: &[u32],
+        generated: usize,
+    ) -> bool {
+        let penalize_on = params.repetition_penalty != 1.0 && !context.is_empty();
+        let suppress_on = generated < params.min_new_tokens && !params.stop_token_ids.is_empty();
+        if !penalize_on && !suppress_on {
+            return false;
+        }
+        self.processed.clear();
+        self.processed.extend_from_slice(logits);
+        if penalize_on {
+            penalize_context(
+                &mut self.processed,
+                logits,
+                context,
+                params.repetition_penalty,
+            );
+        }
+        if suppress_on {
+            suppress(&mut self.processed, &params.stop_token_ids);
+        }
+        true
+    }
+}
+
+/// Applies the repetition penalty to every in-vocabulary token of `context`.
+#[inline]
+fn penalize_context(out: &mut [f32], logits: &[f32], context: &[u32], penalty: f32) {
+    for &t in context {
+        if let Some(&x) = logits.get(t as usize) {
+            // from the raw value: idempotent for repeated tokens
+            out[t as usize] = penalize(x, penalty);
+        }
+    }
+}
+
+/// Sets the in-vocabulary stop tokens to -inf.
+#[inline]
+fn suppress(out: &mut [f32], stop_token_ids: &[u32]) {
+    for &t in stop_token_ids {
+        if (t as usize) < out.len() {
+            out[t as usize] = f32::NEG_INFINITY;
+        }
+    }
+}
+
+/// First index of the maximum (NaN never wins; 0 when nothing beats -inf).
+#[inline]
+fn argmax(l: &[f32]) -> usize {
+    let mut best = 0usize;
+    let mut best_v = f32::NEG_INFINITY;
+    for (i, &x) in l.iter().enumerate() {
+        if x > best_v {
+            best_v = x;
+            best = i;
+        }
+    }
+    best
+}
+
+/// Unnormalised sampling weight `exp((x - max) / T)`.
+#[inline]
+fn weight(x: f32, m: f32, inv_t: f32) -> f32 {
+    ((x - m) * inv_t).exp()
+}
+
+/// The candidate filters of a non-greedy choice (`None` when off).
+#[derive(Clone, Copy)]
+struct Filters {
+    top_k: Option<usize>,
+    top_p: Option<f32>,
+    min_p: Option<f32>,
+}
+
+impl Filters {
+    #[inline]
+    fn of(params: &SamplingParams, v: usize) -> Self {
+        Self {
+            top_k: (params.top_k > 0 && params.top_k < v).then_some(params.top_k),
+            top_p: (params.top_p < 1.0).then_some(params.top_p),
+            min_p: (params.min_p > 0.0).then_some(params.min_p),
+        }
+    }
+
+    #[inline]
+    fn any(self) -> bool {
+        self.top_k.is_some() || self.top_p.is_some() || self.min_p.is_some()
+    }
+}
+
+/// Fills `idx` with the tokens surviving top-k, then top-p, then min-p (sorted by
+/// descending logit when top-k or top-p ran); never leaves it empty.
+#[inline]
+fn candidates(idx: &mut Vec<u32>, l: &[f32], m: f32, inv_t: f32, f: Filters) {
+    idx.clear();
+    if let Some(k) = f.top_k {
+        top_k(idx, l, k);
+    }
+    if let Some(p) = f.top_p {
+        if f.top_k.is_some() {
+            top_p_of_candidates(idx, l, m, inv_t, p);
+        } else {
+            top_p_of_vocab(idx, l, m, inv_t, p);
+        }
+    }
+    if let Some(p) = f.min_p {
+        min_p(idx, l, m, inv_t, p, f.top_k.is_some() || f.top_p.is_some());
+    }
+    if idx.is_empty() {
+        // cannot happen with finite logits (the top token always survives)
+        let tok = l
+            .iter()
+            .enumerate()
+            .fold(0usize, |b, (i, &x)| if x > l[b] { i } else { b });
+        idx.push(tok as u32);
+    }
+}
+
+/// Pushes the finite tokens at or above the k-th largest logit, sorted.
+#[inline]
+fn top_k(idx: &mut Vec<u32>, l: &[f32], k: usize) {
+    let kth = kth_largest(l, k);
+    // ties with the k-th value are kept (as transformers does)
+    idx.extend(
+        l.iter()
+            .enumerate()
+            .filter(|(_, &x)| x >= kth && x > f32::NEG_INFINITY)
+            .map(|(i, _)| i as u32),
+    );
+    sort_desc(idx, l);
+}
+
+/// Nucleus of the sorted candidates in `idx`, renormalised over them.
+#[inline]
+fn top_p_of_candidates(idx: &mut Vec<u32>, l: &[f32], m: f32, inv_t: f32, top_p: f32) {
+    let z: f64 = idx
+        .iter()
+        .map(|&i| weight(l[i as usize], m, inv_t) as f64)
+        .sum();
+    let keep = nucleus_len(idx, l, m, inv_t, top_p as f64 * z);
+    idx.truncate(keep);
+}
+
+/// Nucleus of the whole vocabulary, written sorted into `idx`.
+#[inline]
+fn top_p_of_vocab(idx: &mut Vec<u32>, l: &[f32], m: f32, inv_t: f32, top_p: f32) {
+    let z: f64 = l.iter().map(|&x| weight(x, m, inv_t) as f64).sum();
+    let need = top_p as f64 * z;
+    // Partial selection: the tokens above a weight threshold hold the whole
+    // nucleus once their mass reaches `need`; sort only those.
+    let mut thr = 1e-3f32;
+    loop {
+        idx.clear();
+        let mut mass = 0.0f64;
+        for (i, &x) in l.iter().enumerate() {
+            let wi = weight(x, m, inv_t);
+            if wi >= thr && wi > 0.0 {
+                idx.push(i as u32);
+                mass += wi as f64;
+            }
+        }
+        if mass >= need || thr == 0.0 {
+            break;
+        }
+        thr = if thr < 1e-30 { 0.0 } else { thr * 1e-4 };
+    }
+    sort_desc(idx, l);
+    let keep = nucleus_len(idx, l, m, inv_t, need);
+    idx.truncate(keep);
+}
+
+/// Keeps the tokens whose probability is at least `min_p` times the top token's:
+/// filters `idx` when an earlier filter `narrowed` it, else pushes from the vocabulary.
+#[inline]
+fn min_p(idx: &mut Vec<u32>, l: &[f32], m: f32, inv_t: f32, min_p: f32, narrowed: bool) {
+    // probability relative to the top token: exp((l - max) / T) >= min_p
+    let ln_min_p = (min_p as f64).ln();
+    let keep = |x: f32| (((x - m) * inv_t) as f64) >= ln_min_p;
+    if narrowed {
+        idx.retain(|&i| keep(l[i as usize]));
+    } else {
+        idx.extend(
+            l.iter()
+                .enumerate()
+                .filter(|(_, &x)| x > f32::NEG_INFINITY && keep(x))
+                .map(|(i, _)| i as u32),
+        );
+    }
+}
+
+/// Draws from the whole (processed) vocabulary: `(token, log-prob)`.
+#[inline]
+fn draw_vocab(l: &[f32], m: f32, inv_t: f32, u: f64, w: &mut Vec<f32>) -> (usize, f64) {
+    w.clear();
+    w.extend(l.iter().map(|&x| weight(x, m, inv_t)));
+    draw_weights(w, u, || last_finite(l))
+}
+
+/// Draws from the candidates in `idx`: `(token, log-prob)`.
+#[inline]
+fn draw_candidates(
+    idx: &[u32],
+    l: &[f32],
+    m: f32,
+    inv_t: f32,
+    u: f64,
+    w: &mut Vec<f32>,
+) -> (usize, f64) {
+    w.clear();
+    w.extend(idx.iter().map(|&i| weight(l[i as usize], m, inv_t)));
+    let (pick, lp) = draw_weights(w, u, || idx.len() - 1);
+    (idx[pick] as usize, lp)
+}
+
+/// Draws an index of `w` with uniform `u`: `(index, ln(w[index] / sum w))`, the
+/// index from `fallback` when rounding leaves `u * sum` unreached.
+#[inline]
+fn draw_weights(w: &[f32], u: f64, fallback: impl FnOnce() -> usize) -> (usize, f64) {
+    let z: f64 = w.iter().map(|&x| x as f64).sum();
+    let i = inverse_cdf(w.iter().copied(), u * z).unwrap_or_else(fallback);
+    (i, (w[i] as f64 / z).ln())
+}
+
+/// First index at which the running f64 sum of `weights` exceeds `target`.
+#[inline]
+fn inverse_cdf(weights: impl IntoIterator<Item = f32>, target: f64) -> Option<usize> {
+    let mut acc = 0.0f64;
+    for (i, wi) in weights.into_iter().enumerate() {
+        acc += wi as f64;
+        if acc > target {
+            return Some(i);
+        }
+    }
+    None
 }
 
 /// Index of the last finite entry (fallback when rounding leaves `u * z` unreached).

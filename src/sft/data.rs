@@ -1,17 +1,18 @@
-//! Demonstrations: (prompt messages, completion) pairs from a JSONL file, an
-//! environment's scripted policy, or the model's own samples that cleared a reward bar
-//! (rejection sampling), tokenized for training.
+//! Demonstrations: (prompt messages, completion) pairs from a JSONL file or an
+//! environment's scripted policy, tokenized for training. (The third source, the
+//! model's own samples that cleared a reward bar, is drawn by
+//! [`crate::train::demos`], which sees the sampler and the tasks.)
 //!
 //! Everything is read, checked and tokenized before a run directory is touched, so bad
 //! data stops the run with nothing written. A JSONL error names the file, the line and
 //! the field.
 use crate::chat::{check_messages, Message};
 use crate::config::sft::{SftBalance, SftConfig, BALANCE_POOL};
-use crate::config::{Config, GrpoConfig};
+use crate::config::Config;
 use crate::envs::{self, EnvFactory};
-use crate::model::qwen2::Qwen2;
+use crate::learn::Sequence;
 use crate::rng::mix_seeds as mix;
-use crate::task::{EnvTask, Renderer};
+use crate::task::Renderer;
 use anyhow::{anyhow, bail, Context, Result};
 use serde_json::Value;
 use std::path::Path;
@@ -30,6 +31,13 @@ pub struct Demo {
 pub struct Example {
     pub prompt_ids: Vec<u32>,
     pub completion_ids: Vec<u32>,
+}
+
+impl Example {
+    /// The row the learner trains on: every completion token carries loss.
+    pub fn sequence(&self) -> Sequence {
+        Sequence::demonstration(&self.prompt_ids, &self.completion_ids)
+    }
 }
 
 /// The longest demonstration line read: Qwen2.5's longest context, 131,072 tokens, is
@@ -199,60 +207,6 @@ fn balanced_decisions(
         }
     }
     Ok(chosen.into_iter().map(draw).collect())
-}
-
-/// Rejection sampling: draw prompts of `task` in rounds of `g.prompts_per_step`, sample
-/// `g.num_generations` completions of each with the model as it is, and keep those that
-/// ended on a stop token with a scalar reward of at least `min_reward`, until `n` are
-/// kept or `max_prompts` prompts are drawn. Returns the kept examples (already tokens:
-/// the sampled ids) and the prompts drawn.
-#[allow(clippy::too_many_arguments)]
-pub fn rejection_examples(
-    model: &Qwen2,
-    renderer: &dyn Renderer,
-    task: &mut EnvTask,
-    g: &GrpoConfig,
-    n: usize,
-    min_reward: f64,
-    max_prompts: usize,
-    seed: u64,
-) -> Result<(Vec<Example>, usize)> {
-    let g = GrpoConfig {
-        dynamic_sampling: false,
-        ..g.clone()
-    };
-    let stop = renderer.stop_ids();
-    let mut kept = Vec::new();
-    let mut drawn = 0;
-    let mut round = 0u64;
-    while kept.len() < n && drawn < max_prompts {
-        let want = g.prompts_per_step.min(max_prompts - drawn);
-        let gr = GrpoConfig {
-            prompts_per_step: want,
-            ..g.clone()
-        };
-        let batch = crate::grpo::batch::collect(
-            model,
-            renderer,
-            task,
-            &gr,
-            mix(seed, round),
-            false,
-            &crate::dist::Dist::single(),
-        )?;
-        drawn += want;
-        round += 1;
-        for r in batch.rollouts {
-            let stopped = r.completion_ids.last().is_some_and(|t| stop.contains(t));
-            if kept.len() < n && stopped && !r.truncated && r.scalar >= min_reward {
-                kept.push(Example {
-                    prompt_ids: r.prompt_ids,
-                    completion_ids: r.completion_ids,
-                });
-            }
-        }
-    }
-    Ok((kept, drawn))
 }
 
 /// Token ids of demonstrations: the prompt's chat template (with the generation

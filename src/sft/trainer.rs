@@ -4,20 +4,21 @@
 //! for micro in rows { forward -> completion log-probs -> sft_loss -> backward }
 //! clip -> AdamW (scheduled lr) -> training_log.csv row -> checkpoint every save_every
 //! ```
-//! The model, LoRA, AdamW, schedule, checkpoints, resume and run-directory guard are
-//! those of GRPO training; only the objective differs. The order of demonstrations and
+//! The model, LoRA, AdamW, schedule, packing, planning and run session (checkpoints,
+//! resume) are the shared learning core's ([`crate::learn`]), as GRPO's are; only the
+//! objective differs. The order of demonstrations and
 //! the dropout masks of step `s` are pure functions of `(run.seed, s)`, so a resumed
 //! run writes the same later rows as an uninterrupted one.
 use super::data::Example;
 use super::loss::{sft_loss, token_hits};
 use crate::config::{Config, OptimConfig};
-use crate::grpo::optim::{clip_grad_norm, summed, AdamW, AdamWParams, LrSchedule};
-use crate::grpo::pack::{pack, Packed, Rollout};
-use crate::grpo::plan::{check_row, plan};
+use crate::learn::optim::{AdamWParams, LrSchedule};
+use crate::learn::plan::{check_row, plan};
+use crate::learn::session::{Session, SessionOptions};
+use crate::learn::{pack, Packed, Sequence};
 use crate::model::budget::{MemoryBudget, TrainMemory};
 use crate::model::qwen2::{Checkpoints, Mode, Qwen2};
 use crate::rng::mix_seeds as mix;
-use crate::run::checkpoint::{self, TrainerState};
 use crate::run::log::{self, SftRow};
 use anyhow::{bail, Context, Result};
 use candle_core::Tensor;
@@ -29,7 +30,8 @@ use std::time::Instant;
 pub struct SftTrainer<'m> {
     pub model: &'m Qwen2,
     examples: Vec<Example>,
-    opt: AdamW,
+    /// The optimizer, the step counters and the run directory's checkpoints.
+    pub session: Session,
     sched: LrSchedule,
     /// `[optim]` with the SFT learning rate.
     optim: OptimConfig,
@@ -39,13 +41,9 @@ pub struct SftTrainer<'m> {
     pub total_steps: usize,
     seed: u64,
     save_every: usize,
-    save_total_limit: usize,
     /// `[run] report_to` names `"tensorboard"`.
     tensorboard: bool,
-    pub run_dir: PathBuf,
-    pub state: TrainerState,
     pad_id: u32,
-    base_model: String,
     /// The current pass's order (pass index, permutation).
     order: Option<(usize, Vec<usize>)>,
     /// The memory a micro-batch may take: `[optim] memory_budget_gb`, else a share of
@@ -73,63 +71,40 @@ impl<'m> SftTrainer<'m> {
         if examples.is_empty() {
             bail!("no demonstrations to train on");
         }
-        std::fs::create_dir_all(&run_dir)?;
-        let latest = if resume {
-            checkpoint::latest(&run_dir)?
-        } else {
-            None
-        };
-        // The adapter is restored before the optimizer is built over its variables.
-        if let Some((_, dir)) = &latest {
-            model.load_adapter(dir)?;
-        }
-        let model: &'m Qwen2 = model;
         let optim = OptimConfig {
             learning_rate: sft.learning_rate,
             ..cfg.optim.clone()
         };
-        let vars = model.lora_vars();
-        if vars.is_empty() {
-            bail!("the model has no LoRA parameters to train");
-        }
-        let mut opt = AdamW::new(vars, AdamWParams::from_config(&optim))?;
-        let mut state = TrainerState::fresh(cfg.run.seed);
-        if let Some((step, dir)) = &latest {
-            opt.load(&dir.join(checkpoint::OPTIMIZER))?;
-            state = checkpoint::load_state(dir, *step)?;
-            log::truncate_logs(&run_dir, state.step)?;
-            crate::note!(
-                "resuming SFT in {} from step {}",
-                run_dir.display(),
-                state.step
-            );
-        } else {
-            log::remove_logs(&run_dir)?;
-        }
-        state.csv_header = log::sft_header();
-        crate::atomic::atomic_write_bytes(
-            &run_dir.join("config.toml"),
-            cfg.to_run_toml(&run_dir)?.as_bytes(),
+        let mut session = Session::open(
+            model,
+            SessionOptions {
+                run_toml: cfg.to_run_toml(&run_dir)?,
+                run_dir,
+                params: AdamWParams::from_config(&optim),
+                seed: cfg.run.seed,
+                resume,
+                writes: true,
+                base_model,
+                save_total_limit: cfg.run.save_total_limit,
+            },
         )?;
+        session.state.csv_header = log::sft_header();
+        let model: &'m Qwen2 = model;
         let n = examples.len();
         let total_steps = sft.total_steps(n);
         Ok(Self {
             model,
             examples,
             sched: LrSchedule::from_config(&optim, total_steps),
-            opt,
+            session,
             optim,
             batch_size: sft.batch_size,
             stream_len: (sft.steps == 0).then_some(sft.epochs * n),
             total_steps,
             seed: cfg.run.seed,
             save_every: cfg.run.save_every,
-            save_total_limit: cfg.run.save_total_limit,
             tensorboard: cfg.run.tensorboard(),
-            run_dir,
-            state,
             pad_id,
-            base_model,
             order: None,
             budget: None,
         })
@@ -140,9 +115,9 @@ impl<'m> SftTrainer<'m> {
     pub fn train(&mut self) -> Result<()> {
         crate::run::signal::install();
         let every = (self.total_steps / 10).max(1);
-        while self.state.step < self.total_steps {
+        while self.session.state.step < self.total_steps {
             let row = self.step()?;
-            let s = self.state.step;
+            let s = self.session.state.step;
             if s == self.total_steps || s.is_multiple_of(every) {
                 crate::note!(
                     "sft step {s}/{} loss {:.4} mean_token_accuracy {:.3} ({:.1}s)",
@@ -167,7 +142,7 @@ impl<'m> SftTrainer<'m> {
                 }
             }
         }
-        self.model.save_adapter(&self.run_dir, &self.base_model)
+        self.session.save_adapter(self.model)
     }
 
     /// Indices (into the demonstrations) of step `step`'s batch: positions
@@ -194,34 +169,78 @@ impl<'m> SftTrainer<'m> {
     /// One optimizer step on the next batch; appends its training_log.csv row.
     pub fn step(&mut self) -> Result<SftRow> {
         let t0 = Instant::now();
-        let step = self.state.step;
-        let step_seed = mix(self.seed, step as u64);
-        let rows: Vec<Rollout> = self
+        let step = self.session.state.step;
+        let rows: Vec<Sequence> = self
             .batch(step)
             .into_iter()
-            .map(|i| as_rollout(&self.examples[i]))
+            .map(|i| self.examples[i].sequence())
             .collect();
         let num_tokens: usize = rows.iter().map(|r| r.completion_ids.len()).sum();
-        let mut acc: Option<Vec<Tensor>> = None;
-        let (mut loss, mut hits) = (0.0, 0);
-        // Micro-batches cut to the memory budget like GRPO's (the loss is normalised
-        // by the whole batch's tokens, so the split does not change the update).
+        let (acc, loss, hits) = self.micro_batches(&rows, step, num_tokens)?;
+        let Some(acc) = acc else {
+            bail!("step {}: an empty batch", step + 1);
+        };
+        let lr = self.optim.learning_rate * self.sched.factor(step);
+        let applied =
+            self.session
+                .opt
+                .apply(&acc, self.optim.max_grad_norm, lr, loss.is_finite())?;
+        if applied.skipped {
+            crate::note!(
+                "sft step {}: non-finite loss or gradient: update skipped",
+                step + 1
+            );
+        }
+        let step_time = t0.elapsed().as_secs_f64();
+        let state = &mut self.session.state;
+        state.step += 1;
+        state.num_tokens += rows.iter().map(|r| r.tokens() as f64).sum::<f64>();
+        state.seconds += step_time;
+        let seen = (state.step * self.batch_size).min(self.stream_len.unwrap_or(usize::MAX));
+        let row = SftRow {
+            step: state.step,
+            epoch: seen as f64 / self.examples.len() as f64,
+            loss,
+            grad_norm: applied.grad_norm,
+            learning_rate: lr,
+            num_tokens: state.num_tokens,
+            mean_token_accuracy: hits as f64 / num_tokens.max(1) as f64,
+            skipped: if applied.skipped { 1.0 } else { 0.0 },
+            step_time,
+            seconds: state.seconds,
+        };
+        log::append_sft_row(&self.session.run_dir, &row, self.tensorboard)?;
+        Ok(row)
+    }
+
+    /// Forward, loss and backward of the batch's micro-batches, cut to the memory
+    /// budget like GRPO's (the loss is normalised by the whole batch's `num_tokens`, so
+    /// the split does not change the update): the summed gradients, the loss and the
+    /// completion tokens predicted.
+    fn micro_batches(
+        &mut self,
+        rows: &[Sequence],
+        step: usize,
+        num_tokens: usize,
+    ) -> Result<(Option<Vec<Tensor>>, f64, usize)> {
+        let step_seed = mix(self.seed, step as u64);
         let first = self.budget.is_none();
         let budget = *self.budget.get_or_insert_with(|| {
             MemoryBudget::resolve(self.optim.memory_budget_gb, self.model.device())
         });
-        let all: Vec<usize> = (0..rows.len()).collect();
         let ckpt = self.optim.gradient_checkpointing;
         let mem = TrainMemory::new(self.model, ckpt);
         if first {
             self.check_every_demonstration(&mem, &budget)?;
         }
-        let split = plan(&rows, &all, self.optim.micro_batch, false, &mem, &budget)?;
+        let all: Vec<usize> = (0..rows.len()).collect();
+        let split = plan(rows, &all, self.optim.micro_batch, false, &mem, &budget)?;
         if first {
             crate::note!("sft step {}: {}", step + 1, split.summary());
         }
+        let (mut acc, mut loss, mut hits) = (None, 0.0, 0);
         for (mi, micro) in split.micro_batches.iter().enumerate() {
-            let refs: Vec<&Rollout> = micro.rows.iter().map(|&i| &rows[i]).collect();
+            let refs: Vec<&Sequence> = micro.rows.iter().map(|&i| &rows[i]).collect();
             let mode = Mode::Train {
                 dropout_seed: mix(step_seed, mi as u64),
             };
@@ -234,7 +253,7 @@ impl<'m> SftTrainer<'m> {
             let (l, h) = match shared {
                 Some(out) => out,
                 None => {
-                    let packed = pack(&refs, self.pad_id, false)?;
+                    let packed = pack(&refs, self.pad_id)?;
                     micro_step(self.model, &packed, n, mode, ck.as_ref())?
                 }
             };
@@ -246,53 +265,16 @@ impl<'m> SftTrainer<'m> {
                 drop(l);
                 ck.backward(self.model, &mut grads)?;
             }
-            self.opt.accumulate(&mut acc, &grads)?;
+            self.session.opt.accumulate(&mut acc, &grads)?;
         }
-        let Some(acc) = acc else {
-            bail!("step {}: an empty batch", step + 1);
-        };
-        let mut grads = summed(&acc)?;
-        let norm = clip_grad_norm(&mut grads, self.optim.max_grad_norm)?;
-        let lr = self.optim.learning_rate * self.sched.factor(step);
-        let skipped = !loss.is_finite() || !norm.is_finite();
-        if skipped {
-            crate::note!(
-                "sft step {}: non-finite loss or gradient: update skipped",
-                step + 1
-            );
-        } else {
-            self.opt.set_lr(lr);
-            self.opt.step(&grads)?;
-        }
-        let step_time = t0.elapsed().as_secs_f64();
-        self.state.step += 1;
-        self.state.num_tokens += rows
-            .iter()
-            .map(|r| (r.prompt_ids.len() + r.completion_ids.len()) as f64)
-            .sum::<f64>();
-        self.state.seconds += step_time;
-        let seen = (self.state.step * self.batch_size).min(self.stream_len.unwrap_or(usize::MAX));
-        let row = SftRow {
-            step: self.state.step,
-            epoch: seen as f64 / self.examples.len() as f64,
-            loss,
-            grad_norm: norm,
-            learning_rate: lr,
-            num_tokens: self.state.num_tokens,
-            mean_token_accuracy: hits as f64 / num_tokens.max(1) as f64,
-            skipped: if skipped { 1.0 } else { 0.0 },
-            step_time,
-            seconds: self.state.seconds,
-        };
-        log::append_sft_row(&self.run_dir, &row, self.tensorboard)?;
-        Ok(row)
+        Ok((acc, loss, hits))
     }
 
     /// Every demonstration fits the memory budget alone, or the run stops now, naming
     /// it, instead of at the step whose shuffle first draws it.
     fn check_every_demonstration(&self, mem: &TrainMemory, budget: &MemoryBudget) -> Result<()> {
         for (i, e) in self.examples.iter().enumerate() {
-            check_row(&as_rollout(e), mem, budget, "shorten the demonstrations")
+            check_row(&e.sequence(), mem, budget, "shorten the demonstrations")
                 .with_context(|| format!("demonstration {} of {}", i + 1, self.examples.len()))?;
         }
         Ok(())
@@ -300,30 +282,7 @@ impl<'m> SftTrainer<'m> {
 
     /// `checkpoint-STEP/` (adapter, optimizer, state) and the top-level adapter.
     pub fn save_checkpoint(&self) -> Result<PathBuf> {
-        let dir = checkpoint::save(&self.run_dir, &self.state, self.save_total_limit, |tmp| {
-            self.model.save_adapter(tmp, &self.base_model)?;
-            self.opt.save(&tmp.join(checkpoint::OPTIMIZER))
-        })?;
-        self.model.save_adapter(&self.run_dir, &self.base_model)?;
-        Ok(dir)
-    }
-}
-
-/// A demonstration in the trainer's packing layout: every completion token carries
-/// loss (mask 1); the GRPO fields stay empty.
-fn as_rollout(e: &Example) -> Rollout {
-    Rollout {
-        group: 0,
-        prompt_ids: e.prompt_ids.clone(),
-        completion_ids: e.completion_ids.clone(),
-        env_mask: vec![1.0; e.completion_ids.len()],
-        truncated: false,
-        text: String::new(),
-        reward: Default::default(),
-        scalar: 0.0,
-        advantage: 0.0,
-        old_logp: None,
-        sampler_logp: None,
+        self.session.save(self.model)
     }
 }
 
@@ -338,7 +297,7 @@ pub const MIN_SHARED_PREFIX: usize = 16;
 /// keeps at least one prompt token of its own, whose logits predict its completion).
 pub fn micro_step_shared(
     model: &Qwen2,
-    rows: &[&Rollout],
+    rows: &[&Sequence],
     pad_id: u32,
     num_tokens: f64,
     mode: Mode,
@@ -386,7 +345,7 @@ pub fn micro_step_shared(
             ids[i * w + own + j] = t;
             attn[i * w + own + j] = 1;
             targets[i * comp + j] = t;
-            mask[i * comp + j] = r.env_mask.get(j).copied().unwrap_or(0.0);
+            mask[i * comp + j] = r.mask.get(j).copied().unwrap_or(0.0);
         }
     }
     let dev = model.device().clone();
@@ -409,7 +368,7 @@ pub fn micro_step_shared(
 
 /// Forward one packed micro-batch: its loss share (`sum of completion NLL /
 /// num_tokens`, with the graph) and how many completion tokens the model predicts.
-/// The same chunked log-prob path as GRPO's `completion_logprobs` (only completion
+/// The same chunked log-prob path as the learner's `Forward::logprobs` (only completion
 /// positions reach the LM head), kept here because the accuracy needs the hidden states.
 pub fn micro_step(
     model: &Qwen2,

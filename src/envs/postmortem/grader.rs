@@ -23,9 +23,10 @@
 //! - **review_bonus** = 0.10 x share of the review's critiques addressed at submit (all
 //!   addressed when the review raised none); 0 without a review.
 //!
-//! All keyword tests are case-insensitive whole-word matches ([`has_word`]).
+//! All keyword tests are case-insensitive whole-word matches
+//! ([`super::scenario::has_word`]).
 
-use super::scenario::{parse_date, parse_hhmm, time_spans, Scenario, SECTIONS};
+use super::scenario::{has_word, parse_date, parse_hhmm, time_spans, Scenario, SECTIONS};
 use std::collections::BTreeMap;
 
 pub const W_ROOT_CAUSE: f64 = 0.30;
@@ -270,29 +271,6 @@ pub fn validate_section(sc: &Scenario, section: usize, content: &str) -> Result<
         }
         _ => Err("unknown section".into()),
     }
-}
-
-/// Whether `needle` occurs in `lower` (already lowercase) as a whole word: the
-/// characters around it are not alphanumeric (so `tor` does not match `regulator`).
-pub fn has_word(lower: &str, needle: &str) -> bool {
-    let n = needle.trim().to_lowercase();
-    if n.is_empty() {
-        return false;
-    }
-    let mut from = 0;
-    while let Some(i) = lower[from..].find(&n) {
-        let at = from + i;
-        let before = lower[..at].chars().next_back();
-        let after = lower[at + n.len()..].chars().next();
-        let edge = |c: Option<char>| !c.is_some_and(|c| c.is_alphanumeric());
-        let first = n.chars().next().is_some_and(|c| c.is_alphanumeric());
-        let last = n.chars().next_back().is_some_and(|c| c.is_alphanumeric());
-        if (!first || edge(before)) && (!last || edge(after)) {
-            return true;
-        }
-        from = at + n.chars().next().map_or(1, char::len_utf8);
-    }
-    false
 }
 
 /// Byte position of `service` in `lower` as a whole name (neighbours neither

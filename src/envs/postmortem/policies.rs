@@ -353,7 +353,7 @@ fn item_covers(sc: &Scenario, it: &Item, keywords: &[String]) -> bool {
     let d = it.description.to_lowercase();
     grader::owner_ok(sc, &it.owner)
         && grader::due_ok(sc, &it.due)
-        && keywords.iter().any(|k| grader::has_word(&d, k))
+        && keywords.iter().any(|k| super::scenario::has_word(&d, k))
 }
 
 fn random_move(ep: &mut Postmortem) -> Action {

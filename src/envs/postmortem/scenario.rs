@@ -372,9 +372,7 @@ impl Scenario {
             t("gold timeline", &e.time)?;
             let lower = e.text.to_lowercase();
             ensure!(
-                e.keywords
-                    .iter()
-                    .any(|k| super::grader::has_word(&lower, k)),
+                e.keywords.iter().any(|k| has_word(&lower, k)),
                 "gold timeline event `{}`: its text contains none of its keywords",
                 e.text
             );
@@ -641,4 +639,27 @@ pub fn level_counts(list: &[Scenario]) -> BTreeMap<String, usize> {
         *m.entry(s.level.clone()).or_insert(0) += 1;
     }
     m
+}
+
+/// Whether `needle` occurs in `lower` (already lowercase) as a whole word: the
+/// characters around it are not alphanumeric (so `tor` does not match `regulator`).
+pub fn has_word(lower: &str, needle: &str) -> bool {
+    let n = needle.trim().to_lowercase();
+    if n.is_empty() {
+        return false;
+    }
+    let mut from = 0;
+    while let Some(i) = lower[from..].find(&n) {
+        let at = from + i;
+        let before = lower[..at].chars().next_back();
+        let after = lower[at + n.len()..].chars().next();
+        let edge = |c: Option<char>| !c.is_some_and(|c| c.is_alphanumeric());
+        let first = n.chars().next().is_some_and(|c| c.is_alphanumeric());
+        let last = n.chars().next_back().is_some_and(|c| c.is_alphanumeric());
+        if (!first || edge(before)) && (!last || edge(after)) {
+            return true;
+        }
+        from = at + n.chars().next().map_or(1, char::len_utf8);
+    }
+    false
 }

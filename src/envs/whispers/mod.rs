@@ -91,8 +91,8 @@
 //! nobody answered request_verify.
 //!
 //! # Layout
-//! `mod.rs` options, contract impls, factory; [`rules`] world and step; [`scripted`]
-//! scripted seats and verification answers;
+//! `mod.rs` options, contract impls, factory; [`tasks`] claim constants, templates and
+//! tasks; [`rules`] world and step; [`scripted`] scripted seats and verification answers;
 //! [`rubric`] scoring; [`parse`] parser; [`render`] prompts, transcript, describe;
 //! [`policies`] baseline policies (heuristic editor), baselines and bench.
 
@@ -104,6 +104,7 @@ pub mod render;
 pub mod rubric;
 pub mod rules;
 pub mod scripted;
+pub mod tasks;
 
 pub use parse::{action_json, parse_action, parse_claim};
 pub use policies::{Policy, POLICIES};

@@ -5,11 +5,11 @@
 //! ([`MemoryBudget`], `[optim] memory_budget_gb`). With `share_prompt`, micro-batches
 //! hold whole prompt groups when they fit; a group too big for the cap or the budget is
 //! cut into sub-groups, each of which runs the prompt again. The loss is normalised over
-//! the whole batch ([`super::loss::LossScale`]), so any plan gives the same update up to
-//! float rounding (LoRA dropout masks aside: they are drawn per micro-batch and group).
+//! the whole batch (GRPO's `LossScale`, SFT's token count), so any plan gives the same
+//! update up to float rounding (LoRA dropout masks aside: they are drawn per micro-batch and group).
 //! A row that does not fit alone is an error that names the numbers, raised before
 //! anything is allocated.
-use super::pack::Rollout;
+use super::pack::Sequence;
 use crate::model::budget::{gb, MemoryBudget, MemoryEstimate, TrainMemory, TrainShape};
 use anyhow::Result;
 use std::collections::HashMap;
@@ -81,15 +81,15 @@ impl Plan {
 }
 
 /// The packed shape of `rows` (prompts left-padded, completions right-padded).
-fn packed_shape(rollouts: &[Rollout], rows: &[usize]) -> TrainShape {
+fn packed_shape(seqs: &[Sequence], rows: &[usize]) -> TrainShape {
     let p = rows
         .iter()
-        .map(|&i| rollouts[i].prompt_ids.len())
+        .map(|&i| seqs[i].prompt_ids.len())
         .max()
         .unwrap_or(0);
     let c = rows
         .iter()
-        .map(|&i| rollouts[i].completion_ids.len())
+        .map(|&i| seqs[i].completion_ids.len())
         .max()
         .unwrap_or(0);
     TrainShape::Packed {
@@ -100,13 +100,13 @@ fn packed_shape(rollouts: &[Rollout], rows: &[usize]) -> TrainShape {
 }
 
 /// The shared-prompt shape of `rows` (one group: all share one prompt).
-fn shared_shape(rollouts: &[Rollout], rows: &[usize]) -> TrainShape {
+fn shared_shape(seqs: &[Sequence], rows: &[usize]) -> TrainShape {
     TrainShape::Shared {
-        prompt: rows.first().map_or(0, |&i| rollouts[i].prompt_ids.len()),
+        prompt: rows.first().map_or(0, |&i| seqs[i].prompt_ids.len()),
         rows: rows.len(),
         completion: rows
             .iter()
-            .map(|&i| rollouts[i].completion_ids.len())
+            .map(|&i| seqs[i].completion_ids.len())
             .max()
             .unwrap_or(0),
     }
@@ -117,7 +117,7 @@ const SHORTER_COMPLETIONS: &str = "lower grpo.max_completion_length";
 
 /// The error for a row that does not fit the budget alone.
 fn too_big(
-    row: &Rollout,
+    row: &Sequence,
     shape: TrainShape,
     mem: &TrainMemory,
     budget: &MemoryBudget,
@@ -139,7 +139,7 @@ fn too_big(
 /// row). SFT checks every demonstration before its first step with it: a long one would
 /// otherwise stop the run where the shuffle first draws it.
 pub fn check_row(
-    row: &Rollout,
+    row: &Sequence,
     mem: &TrainMemory,
     budget: &MemoryBudget,
     shorter: &str,
@@ -196,10 +196,10 @@ pub fn long_row_warning(
     ))
 }
 
-/// Cut the `active` rows of `rollouts` into micro-batches: at most `micro` rows each
+/// Cut the `active` rows of `seqs` into micro-batches: at most `micro` rows each
 /// (0: no cap), each estimated to fit `budget`; with `share_prompt`, by prompt group.
 pub fn plan(
-    rollouts: &[Rollout],
+    seqs: &[Sequence],
     active: &[usize],
     micro: usize,
     share_prompt: bool,
@@ -215,23 +215,23 @@ pub fn plan(
             let mut next = cur.clone();
             next.push(i);
             if !cur.is_empty()
-                && (cur.len() == cap || !fits(mem.estimate(packed_shape(rollouts, &next))))
+                && (cur.len() == cap || !fits(mem.estimate(packed_shape(seqs, &next))))
             {
-                let bytes = mem.estimate(packed_shape(rollouts, &cur)).bytes();
+                let bytes = mem.estimate(packed_shape(seqs, &cur)).bytes();
                 out.push(MicroBatch {
                     rows: std::mem::take(&mut cur),
                     groups: None,
                     bytes,
                 });
             }
-            let one = packed_shape(rollouts, &[i]);
+            let one = packed_shape(seqs, &[i]);
             if cur.is_empty() && !fits(mem.estimate(one)) {
-                return Err(too_big(&rollouts[i], one, mem, budget, SHORTER_COMPLETIONS));
+                return Err(too_big(&seqs[i], one, mem, budget, SHORTER_COMPLETIONS));
             }
             cur.push(i);
         }
         if !cur.is_empty() {
-            let bytes = mem.estimate(packed_shape(rollouts, &cur)).bytes();
+            let bytes = mem.estimate(packed_shape(seqs, &cur)).bytes();
             out.push(MicroBatch {
                 rows: cur,
                 groups: None,
@@ -245,19 +245,19 @@ pub fn plan(
     }
     // Sub-groups (rows sharing one prompt) small enough for the cap and the budget.
     let mut chunks: Vec<Vec<usize>> = Vec::new();
-    for grp in prompt_groups(rollouts, active) {
+    for grp in prompt_groups(seqs, active) {
         let mut cur: Vec<usize> = Vec::new();
         for i in grp {
             let mut next = cur.clone();
             next.push(i);
             if !cur.is_empty()
-                && (cur.len() == cap || !fits(mem.estimate(shared_shape(rollouts, &next))))
+                && (cur.len() == cap || !fits(mem.estimate(shared_shape(seqs, &next))))
             {
                 chunks.push(std::mem::take(&mut cur));
             }
-            let one = shared_shape(rollouts, &[i]);
+            let one = shared_shape(seqs, &[i]);
             if cur.is_empty() && !fits(mem.estimate(one)) {
-                return Err(too_big(&rollouts[i], one, mem, budget, SHORTER_COMPLETIONS));
+                return Err(too_big(&seqs[i], one, mem, budget, SHORTER_COMPLETIONS));
             }
             cur.push(i);
         }
@@ -268,7 +268,7 @@ pub fn plan(
     // Whole sub-groups per micro-batch while the cap and the budget allow.
     let mut est = MemoryEstimate::default();
     for chunk in chunks {
-        let e = mem.estimate(shared_shape(rollouts, &chunk));
+        let e = mem.estimate(shared_shape(seqs, &chunk));
         let joins = out
             .last()
             .is_some_and(|m| m.rows.len() + chunk.len() <= cap && fits(est.and(e)));
@@ -296,11 +296,11 @@ pub fn plan(
 }
 
 /// The `active` rows grouped by (group, prompt), groups in order of first appearance.
-pub fn prompt_groups(rollouts: &[Rollout], active: &[usize]) -> Vec<Vec<usize>> {
+pub fn prompt_groups(seqs: &[Sequence], active: &[usize]) -> Vec<Vec<usize>> {
     let mut order: Vec<Vec<usize>> = Vec::new();
     let mut key: HashMap<(usize, &[u32]), usize> = HashMap::new();
     for &i in active {
-        let r = &rollouts[i];
+        let r = &seqs[i];
         let k = *key
             .entry((r.group, r.prompt_ids.as_slice()))
             .or_insert_with(|| {
@@ -310,4 +310,53 @@ pub fn prompt_groups(rollouts: &[Rollout], active: &[usize]) -> Vec<Vec<usize>> 
         order[k].push(i);
     }
     order
+}
+
+/// Which of a sequence of work items (by cost) are process `rank`'s of `world`: a
+/// contiguous run, each item going to the share its middle falls in, so that shares
+/// hold about equal cost. The same on every process; every item for one process.
+pub fn deal(costs: &[f64], world: usize, rank: usize) -> Vec<bool> {
+    if world <= 1 {
+        return vec![true; costs.len()];
+    }
+    let total: f64 = costs.iter().sum();
+    let mut before = 0.0;
+    costs
+        .iter()
+        .map(|&c| {
+            let owner = (((before + c / 2.0) / total.max(1e-12)) * world as f64) as usize;
+            before += c;
+            owner.min(world - 1) == rank
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn work_is_dealt_out_in_order_by_cost() {
+        let costs = [40.0, 40.0, 30.0, 30.0, 30.0, 30.0];
+        assert_eq!(deal(&costs, 1, 0), vec![true; 6]);
+        // 200 in all: 40 + 40 + 30 (middle at 95) is the first half.
+        let a = deal(&costs, 2, 0);
+        let b = deal(&costs, 2, 1);
+        assert_eq!(a, vec![true, true, true, false, false, false]);
+        assert_eq!(b, vec![false, false, false, true, true, true]);
+        // Any number of processes: each item exactly once, in contiguous runs.
+        for w in [3, 8, 20] {
+            let owners: Vec<usize> = (0..costs.len())
+                .map(|i| {
+                    let who: Vec<usize> = (0..w).filter(|&r| deal(&costs, w, r)[i]).collect();
+                    assert_eq!(who.len(), 1, "item {i} with {w} processes: {who:?}");
+                    who[0]
+                })
+                .collect();
+            assert!(owners.windows(2).all(|p| p[0] <= p[1]), "{owners:?}");
+        }
+        // Fewer items than processes: some get none.
+        assert_eq!(deal(&[5.0], 2, 0), vec![false]);
+        assert_eq!(deal(&[5.0], 2, 1), vec![true]);
+    }
 }

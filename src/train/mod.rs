@@ -1,12 +1,16 @@
 //! `concord train`: the one entry of a training run ([`run`]). It reads top to bottom:
 //! validate everything and lock the run directory ([`prepare`]), the supervised warm
 //! start if the config asks for one ([`crate::sft`]), GRPO ([`crate::grpo::trainer`]),
-//! the plots. SFT and GRPO are siblings below it; neither calls the other.
+//! the plots. SFT and GRPO are siblings below it; neither calls the other. `concord sft`
+//! enters at [`sft::run`]; the demonstrations both gather come from [`demos`].
 //!
 //! Everything (config, stages, environments, model, sizes) is validated before the run
 //! directory is touched; the directory is then locked ([`crate::run::dir::RunLock`]);
 //! a directory holding an earlier run is refused unless `--resume` (frozen keys
 //! unchanged, see [`crate::config::FROZEN_ON_RESUME`]) or `--overwrite` is given.
+pub mod demos;
+pub mod sft;
+
 use crate::config::Config;
 use crate::curriculum::Stage;
 use crate::dist::Dist;
@@ -140,7 +144,7 @@ impl PreparedRun {
             return Ok(());
         }
         // Plots are a convenience: a failure to draw them must not fail the run.
-        match crate::plot::plot_run(&t.run_dir, 10) {
+        match crate::plot::plot_run(&t.session.run_dir, 10) {
             Ok(files) => {
                 for f in files {
                     crate::note!("wrote {}", f.display());
@@ -151,8 +155,8 @@ impl PreparedRun {
         let secs = started.elapsed().as_secs_f64();
         crate::note!(
             "done: {} steps in {secs:.1}s; adapter in {}",
-            t.state.step,
-            t.run_dir.display()
+            t.session.state.step,
+            t.session.run_dir.display()
         );
         if t.dist.is_distributed() {
             crate::note!(
@@ -209,7 +213,7 @@ fn check_sizes(cfg: &Config, stages: &[crate::curriculum::Stage], model: &Qwen2)
     for st in stages {
         let g = &st.cfg.grpo;
         let o = &st.cfg.optim;
-        if let Some(w) = crate::grpo::plan::long_row_warning(
+        if let Some(w) = crate::learn::plan::long_row_warning(
             &TrainMemory::new(model, o.gradient_checkpointing),
             &MemoryBudget::resolve(o.memory_budget_gb, model.device()),
             g.max_completion_length,
@@ -260,19 +264,24 @@ fn warm_start(run: &mut PreparedRun) -> Result<()> {
                 run.cfg.to_run_toml(&run_dir)?.as_bytes(),
             )?;
             let started = std::time::Instant::now();
-            let steps = crate::sft::train_into(
-                &sft_cfg,
-                &mut run.model,
-                run.renderer.as_ref(),
-                &run.base,
-                &dir,
-                run.resume,
-            )
-            .map_err(|e| {
-                crate::run::signal::with_resume_hint(e, || {
-                    crate::run::dir::resume_command("train", &run_dir)
+            let steps = demos::build_examples(&sft_cfg, &run.model, run.renderer.as_ref())
+                .and_then(|examples| {
+                    let pad_id = run.renderer.stop_ids().first().copied().unwrap_or(0);
+                    crate::sft::train_into(
+                        &sft_cfg,
+                        &mut run.model,
+                        examples,
+                        pad_id,
+                        &run.base,
+                        &dir,
+                        run.resume,
+                    )
                 })
-            })?;
+                .map_err(|e| {
+                    crate::run::signal::with_resume_hint(e, || {
+                        crate::run::dir::resume_command("train", &run_dir)
+                    })
+                })?;
             crate::note!(
                 "warm start: {steps} SFT steps in {:.1}s; GRPO starts from {}",
                 started.elapsed().as_secs_f64(),

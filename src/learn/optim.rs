@@ -41,6 +41,15 @@ struct Slot {
     v: Tensor,
 }
 
+/// What [`AdamW::apply`] did.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Applied {
+    /// The global gradient norm before clipping.
+    pub grad_norm: f64,
+    /// The loss or the gradient was not finite: the parameters are untouched.
+    pub skipped: bool,
+}
+
 /// AdamW over named variables.
 pub struct AdamW {
     slots: Vec<Slot>,
@@ -168,6 +177,26 @@ impl AdamW {
             }
         }
         Ok(())
+    }
+
+    /// Apply one update's accumulated gradients (`acc`, as [`AdamW::accumulate`] sums
+    /// them): clip to `max_grad_norm`, then a step at `lr`, unless `loss_ok` is false
+    /// or the norm is not finite (then the parameters are untouched).
+    pub fn apply(
+        &mut self,
+        acc: &[Tensor],
+        max_grad_norm: f64,
+        lr: f64,
+        loss_ok: bool,
+    ) -> Result<Applied> {
+        let mut grads = summed(acc)?;
+        let grad_norm = clip_grad_norm(&mut grads, max_grad_norm)?;
+        let skipped = !loss_ok || !grad_norm.is_finite();
+        if !skipped {
+            self.set_lr(lr);
+            self.step(&grads)?;
+        }
+        Ok(Applied { grad_norm, skipped })
     }
 
     /// Optimiser state as named tensors (`NAME.exp_avg`, `NAME.exp_avg_sq`,

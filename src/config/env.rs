@@ -1,0 +1,221 @@
+//! `[env]`: the environment trained on (built-in or an OpenEnv server), what one
+//! completion is, and the factory that builds it.
+use super::locate::ValidationError;
+use super::{is_zero, MAX_ENV_TIMEOUT_S};
+use anyhow::Result;
+use serde::{Deserialize, Serialize};
+use std::time::Duration;
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct EnvConfig {
+    /// Registry name (`ticketmelt`, `merge_ring`, ...); optional with `url`.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub name: String,
+    /// An OpenEnv server (`ws://host:port` or `http://host:port`) to train on instead
+    /// of a built-in environment, in episode mode (see [`crate::envs::remote`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub url: Option<String>,
+    /// With `url`: the action field the model's text is sent in (default `message`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub action_key: Option<String>,
+    /// With `url`: the observation field that is the model's text (default: the
+    /// observation's `messages`, else its JSON).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observation_key: Option<String>,
+    /// With `url`: end an episode after this many steps even if the server goes on
+    /// (0: when the server says `done`).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub max_steps: usize,
+    /// With `url`: seconds to wait for the connection and for each reply before the
+    /// step fails (default 30).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout: Option<f64>,
+    /// `decision` (default): each completion is one decision, scored by finishing the
+    /// episode with the continuation policy; `episode`: each completion is a whole
+    /// trajectory (see [`crate::task::episode`]).
+    #[serde(default, skip_serializing_if = "EnvMode::is_decision")]
+    pub mode: EnvMode,
+    /// Episode mode: the scalar reward is the sum of the seat's step rewards (logged as
+    /// `rewards/step_rewards`) instead of its episode reward.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub shaped_rewards: bool,
+    /// Episode mode: a model turn that reaches this many tokens ends there (its text is
+    /// played as it is; 0: turns end only at a stop token or the completion budget).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub max_turn_tokens: usize,
+    /// Decision mode: who plays the rest of the episode after the decision, whose
+    /// reward scores it. `scripted` (default): the environment's continuation policy;
+    /// `model`: the model being trained, sampled as in training (an on-policy return,
+    /// played as `concord eval` plays, so a decision is worth what the model itself
+    /// makes of it; it costs the sampling of every continuation). With `url`, decision
+    /// mode needs `model`: a server has no scripted policy, so the model also plays to
+    /// each decision ([`crate::envs::sample_decisions_with`]).
+    #[serde(default, skip_serializing_if = "ContinueWith::is_scripted")]
+    pub continue_with: ContinueWith,
+    /// Free table, validated by the environment.
+    #[serde(default)]
+    pub options: toml::Table,
+}
+
+/// Who finishes a decision's episode (`[env] continue_with`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum ContinueWith {
+    /// The environment's continuation policy (deterministic, cheap).
+    #[default]
+    Scripted,
+    /// The model being trained.
+    Model,
+}
+
+impl ContinueWith {
+    pub fn is_scripted(&self) -> bool {
+        *self == ContinueWith::Scripted
+    }
+}
+
+/// What one completion is (`[env] mode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum EnvMode {
+    /// One policy seat's decision at one state.
+    #[default]
+    Decision,
+    /// A whole trajectory: model turns and environment turns.
+    Episode,
+}
+
+impl EnvMode {
+    pub fn is_decision(&self) -> bool {
+        *self == EnvMode::Decision
+    }
+}
+
+impl EnvConfig {
+    /// An `[env]` in decision mode with these options.
+    pub fn new(name: impl Into<String>, options: toml::Table) -> Self {
+        Self {
+            name: name.into(),
+            url: None,
+            action_key: None,
+            observation_key: None,
+            max_steps: 0,
+            timeout: None,
+            mode: EnvMode::Decision,
+            shaped_rewards: false,
+            max_turn_tokens: 0,
+            continue_with: ContinueWith::Scripted,
+            options,
+        }
+    }
+    pub fn is_episode(&self) -> bool {
+        self.mode == EnvMode::Episode
+    }
+
+    /// The OpenEnv server of `url`, if one is configured.
+    pub fn remote_spec(&self) -> Option<crate::envs::remote::RemoteSpec> {
+        self.url.as_ref().map(|u| {
+            let mut spec = crate::envs::remote::RemoteSpec::new(u.clone());
+            if let Some(k) = &self.action_key {
+                spec.action_key = k.clone();
+            }
+            spec.observation_key = self.observation_key.clone();
+            spec.max_steps = self.max_steps;
+            if let Some(t) = self.timeout.filter(|t| t.is_finite() && *t > 0.0) {
+                spec.timeout = Duration::from_secs_f64(t.min(MAX_ENV_TIMEOUT_S));
+            }
+            spec
+        })
+    }
+
+    /// The environment's factory: the remote server of `url`, else the registry's.
+    pub fn factory(&self) -> Result<Box<dyn crate::envs::EnvFactory>> {
+        match self.remote_spec() {
+            Some(spec) => Ok(Box::new(crate::envs::remote::RemoteFactory::new(spec)?)),
+            None => crate::envs::create(&self.name, &self.options),
+        }
+    }
+
+    /// How logs and reports name the environment: its registry name, or its URL.
+    pub fn label(&self) -> String {
+        match &self.url {
+            Some(u) => u.clone(),
+            None => self.name.clone(),
+        }
+    }
+}
+
+fn err(key: &str, msg: impl std::fmt::Display) -> ValidationError {
+    ValidationError::at("env", key, msg)
+}
+
+impl EnvConfig {
+    /// `url` and the keys that go with it, then that an environment is named. With
+    /// `[[stage]]` tables (`staged`), `mode` is a default that each stage's resolved
+    /// config checks on its own.
+    pub(super) fn check(&self, staged: bool) -> std::result::Result<(), ValidationError> {
+        self.check_remote(staged)?;
+        if self.name.trim().is_empty() && self.url.is_none() {
+            return Err(err(
+                "name",
+                "must name an environment (see `concord envs list`), or give \
+                 url = \"ws://host:port\" to train on an OpenEnv server",
+            ));
+        }
+        Ok(())
+    }
+
+    /// `[env] url` and the keys that go with it.
+    fn check_remote(&self, staged: bool) -> std::result::Result<(), ValidationError> {
+        let Some(spec) = self.remote_spec() else {
+            return self.check_no_remote_keys();
+        };
+        if let Err(x) = spec.ws_url() {
+            return Err(err("url", format!("{x:#}")));
+        }
+        if !self.is_episode() && self.continue_with.is_scripted() && !staged {
+            return Err(err(
+                "url",
+                "an OpenEnv server has no scripted policy to finish a decision's episode: \
+                 add continue_with = \"model\" to [env] (the model plays on), or train \
+                 whole episodes with mode = \"episode\"",
+            ));
+        }
+        if !self.options.is_empty() {
+            // reported at `url` (a table header has no key line to point at)
+            return Err(err(
+                "url",
+                "[env.options] configure built-in environments; an OpenEnv server takes \
+                 its options when it is started (e.g. concord serve NAME --set k=v)",
+            ));
+        }
+        if let Some(t) = self.timeout {
+            if !(t > 0.0 && t <= MAX_ENV_TIMEOUT_S) {
+                return Err(err(
+                    "timeout",
+                    format!("{t} is not a number of seconds in (0, {MAX_ENV_TIMEOUT_S}]"),
+                ));
+            }
+        }
+        if spec.action_key.trim().is_empty() {
+            return Err(err("action_key", "must name the action's text field"));
+        }
+        Ok(())
+    }
+
+    /// Without `url`, the keys that only a server uses.
+    fn check_no_remote_keys(&self) -> std::result::Result<(), ValidationError> {
+        for (key, set) in [
+            ("action_key", self.action_key.is_some()),
+            ("observation_key", self.observation_key.is_some()),
+            ("max_steps", self.max_steps > 0),
+            ("timeout", self.timeout.is_some()),
+        ] {
+            if set {
+                return Err(err(key, "applies with url = \"ws://host:port\" only"));
+            }
+        }
+        Ok(())
+    }
+}

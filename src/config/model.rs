@@ -1,0 +1,191 @@
+//! `[model]` and `[lora]`: the base model, its dtypes and device, and the adapter's
+//! shape.
+use super::limits;
+use super::locate::ValidationError;
+use crate::model::lora::LORA_TARGETS;
+use anyhow::{bail, Context, Result};
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+
+/// Parameter / compute dtype.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum DTypeName {
+    #[default]
+    F32,
+    Bf16,
+    F16,
+}
+
+impl DTypeName {
+    pub fn to_candle(self) -> candle_core::DType {
+        match self {
+            DTypeName::F32 => candle_core::DType::F32,
+            DTypeName::Bf16 => candle_core::DType::BF16,
+            DTypeName::F16 => candle_core::DType::F16,
+        }
+    }
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DTypeName::F32 => "f32",
+            DTypeName::Bf16 => "bf16",
+            DTypeName::F16 => "f16",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ModelConfig {
+    /// Hub id (`Qwen/Qwen2.5-3B-Instruct[@revision]`), local directory or `.gguf`
+    /// file. With `init_tiny = true`, a missing or empty directory gets the built-in
+    /// tiny random model.
+    pub name: String,
+    pub dtype: DTypeName,
+    /// Storage dtype of the frozen base matrices (projections, embedding, LM head):
+    /// `bf16`/`f16` halve the bytes a decode step streams; activations, LoRA and
+    /// accumulation stay in `dtype`, and sampling and training see the same rounded
+    /// weights. Absent: `dtype`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub base_dtype: Option<DTypeName>,
+    /// `cpu` or `cuda:N`.
+    pub device: String,
+    /// Create the built-in tiny random model at `name` when that directory is absent.
+    pub init_tiny: bool,
+    /// Start from this PEFT adapter directory (e.g. an SFT run) instead of a fresh
+    /// LoRA: its adapter_config.json replaces the `[lora]` shape keys.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub adapter: Option<PathBuf>,
+}
+
+impl Default for ModelConfig {
+    fn default() -> Self {
+        Self {
+            name: String::new(),
+            dtype: DTypeName::F32,
+            base_dtype: None,
+            device: "cpu".into(),
+            init_tiny: false,
+            adapter: None,
+        }
+    }
+}
+
+impl ModelConfig {
+    /// The candle device named by `device`.
+    pub fn candle_device(&self) -> Result<candle_core::Device> {
+        parse_device(&self.device)
+    }
+}
+
+/// A device name: `cpu`, `auto` (CUDA device 0 when built with CUDA and one is present,
+/// else CPU), `cuda` (= `cuda:0`) or `cuda:N`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeviceName {
+    Cpu,
+    Auto,
+    Cuda(usize),
+}
+
+/// Parse a device name without touching any device (config validation, CLI flags).
+pub fn parse_device_name(s: &str) -> Result<DeviceName> {
+    let t = s.trim().to_ascii_lowercase();
+    match t.as_str() {
+        "cpu" => Ok(DeviceName::Cpu),
+        "auto" => Ok(DeviceName::Auto),
+        "cuda" => Ok(DeviceName::Cuda(0)),
+        _ => match t.strip_prefix("cuda:").map(str::parse::<usize>) {
+            Some(Ok(n)) => Ok(DeviceName::Cuda(n)),
+            _ => bail!("device `{s}`: expected cpu, auto, cuda or cuda:N"),
+        },
+    }
+}
+
+/// The candle device a device name stands for.
+pub fn parse_device(s: &str) -> Result<candle_core::Device> {
+    match parse_device_name(s)? {
+        DeviceName::Cpu => Ok(candle_core::Device::Cpu),
+        DeviceName::Auto => Ok(candle_core::Device::cuda_if_available(0)?),
+        DeviceName::Cuda(n) => candle_core::Device::new_cuda(n).with_context(|| {
+            format!("device `{s}` (build with `--features cuda` for GPU support)")
+        }),
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LoraSection {
+    pub r: usize,
+    pub alpha: f64,
+    pub dropout: f64,
+    pub targets: Vec<String>,
+    pub use_rslora: bool,
+}
+
+impl Default for LoraSection {
+    fn default() -> Self {
+        Self {
+            r: 16,
+            alpha: 32.0,
+            dropout: 0.05,
+            targets: LORA_TARGETS.iter().map(|s| s.to_string()).collect(),
+            use_rslora: false,
+        }
+    }
+}
+
+impl ModelConfig {
+    /// A model is named and its device is one this build knows how to name.
+    pub(super) fn check(&self) -> std::result::Result<(), ValidationError> {
+        if self.name.trim().is_empty() {
+            return Err(ValidationError::unkeyed(
+                "model.name is required: a local directory or .gguf file (with \
+                 model.init_tiny = true, a directory for a tiny random model)",
+            ));
+        }
+        if let Err(e) = parse_device_name(&self.device) {
+            return Err(ValidationError::at("model", "device", e));
+        }
+        Ok(())
+    }
+}
+
+impl LoraSection {
+    /// Rank, scale, dropout and target modules.
+    #[allow(clippy::neg_cmp_op_on_partial_ord)]
+    pub(super) fn check(&self) -> std::result::Result<(), ValidationError> {
+        let err = |key: &str, msg: String| ValidationError::at("lora", key, msg);
+        if self.r == 0 {
+            return Err(err("r", "must be >= 1".into()));
+        }
+        if self.r > limits::MAX_LORA_R {
+            return Err(err(
+                "r",
+                format!("{} exceeds the limit of {}", self.r, limits::MAX_LORA_R),
+            ));
+        }
+        if !(self.alpha > 0.0) || !self.alpha.is_finite() {
+            return Err(err("alpha", format!("{} must be > 0", self.alpha)));
+        }
+        if !(0.0..1.0).contains(&self.dropout) {
+            return Err(err(
+                "dropout",
+                format!("{} must be in [0, 1)", self.dropout),
+            ));
+        }
+        if self.targets.is_empty() {
+            return Err(err("targets", "must name at least one module".into()));
+        }
+        if let Some(t) = self
+            .targets
+            .iter()
+            .find(|t| !LORA_TARGETS.contains(&t.as_str()))
+        {
+            return Err(err(
+                "targets",
+                format!("unknown module `{t}`; known: {}", LORA_TARGETS.join(", ")),
+            ));
+        }
+        Ok(())
+    }
+}
