@@ -2,8 +2,9 @@
 use candle_core::{DType, Device, Tensor};
 use concord::model::qwen2::{random_weights, Mode, Qwen2, Qwen2Config};
 use concord::sample::{
-    group_requests, sample_requests_on, sample_requests_reusing, ChooseOn, Completion,
-    FinishReason, GroupRequest, PromptKv, SamplingParams,
+    group_requests, sample_requests_on, sample_requests_reusing, sample_turns, ChooseOn,
+    Completion, FinishReason, GroupRequest, PromptKv, Reply, SamplingParams, TurnEvent, TurnRow,
+    TurnSource,
 };
 
 /// A tiny model with peaky next-token distributions (scaled embeddings), so greedy
@@ -434,6 +435,60 @@ fn reused_session_prefix_equals_full_prefill() {
     }
 }
 
+/// An outside side that ends every conversation at its first model turn.
+struct EndAll;
+
+impl TurnSource for EndAll {
+    fn on_turns(&mut self, events: &[TurnEvent]) -> anyhow::Result<Vec<(usize, Reply)>> {
+        Ok(events.iter().map(|e| (e.row, Reply::Done)).collect())
+    }
+}
+
+/// Single decisions and conversations run on one engine: conversations that end at
+/// their first turn are the completions of the same rows, token for token (their
+/// cache is sized and compacted differently, and their rows leave the batch at once).
+fn a_conversation_ended_at_its_first_turn_is_a_completion(on: ChooseOn) {
+    let model = tiny_model(2);
+    let params = SamplingParams {
+        temperature: 1.5,
+        top_k: 40,
+        max_new_tokens: 10,
+        stop_token_ids: (0..512).step_by(9).collect(),
+        seed: 5,
+        ..Default::default()
+    };
+    let ps = prompts();
+    let completions = groups(&model, &ps, 3, &params, params.seed, on);
+    let rows: Vec<TurnRow> = (0..ps.len())
+        .flat_map(|p| {
+            (0..3).map(move |j| TurnRow {
+                prompt: p,
+                stream: (p, j),
+            })
+        })
+        .collect();
+    let dec = decoder();
+    let (turns, _) = sample_turns(&model, &dec, &ps, &rows, &params, 0, &mut EndAll, on).unwrap();
+    let mut finishes = std::collections::BTreeSet::new();
+    for (r, t) in rows.iter().zip(&turns) {
+        let c = &completions[r.prompt][r.stream.1];
+        assert_eq!(t.ids, c.ids, "row {r:?}");
+        assert_eq!(t.full_logprobs, c.full_logprobs, "row {r:?}");
+        assert_eq!(
+            t.truncated,
+            c.finish_reason == FinishReason::Length,
+            "row {r:?}"
+        );
+        assert_eq!(t.model_turns, 1);
+        finishes.insert(format!("{:?}", c.finish_reason));
+    }
+    assert_eq!(
+        finishes.len(),
+        2,
+        "rows end by a stop token and by the budget: {finishes:?}"
+    );
+}
+
 /// Each check runs with tokens chosen on the host and with the device chooser (tensor
 /// ops, here on the CPU): `name::host` and `name::device`.
 macro_rules! on_both_choosers {
@@ -459,6 +514,7 @@ on_both_choosers!(
     reduced_precision_base_logprobs_match_training_forward,
     eos_min_new_tokens_and_stop_strings,
     shared_prefix_prefill_equals_unshared,
+    a_conversation_ended_at_its_first_turn_is_a_completion,
 );
 
 #[test]

@@ -11,7 +11,7 @@ pub struct Outcomes {
     pub wins: Vec<bool>,
     pub components: Vec<BTreeMap<String, f64>>,
     /// Every decision of the policy seats, where the environment has the behaviour
-    /// capability (see [`envs::behaviour`]).
+    /// capability (see [`crate::envs::behaviour`]).
     pub decisions: Vec<DecisionRecord>,
     /// Their summary.
     pub behaviour: Option<BehaviourSummary>,

@@ -10,6 +10,7 @@ pub mod correction;
 pub mod extremes;
 mod held_out;
 pub mod loss;
+pub mod loss_stats;
 pub mod metrics;
 pub mod rollout;
 pub mod trainer;

@@ -12,7 +12,7 @@
 //! }
 //! ```
 //!
-//! The micro-batches come from [`crate::learn::plan`]: at most `[optim] micro_batch`
+//! The micro-batches come from [`crate::learn::plan()`]: at most `[optim] micro_batch`
 //! rows, each estimated to fit the memory budget (`[optim] memory_budget_gb`, by default
 //! a share of the available memory), or an error before anything is allocated.
 //!

@@ -1,5 +1,5 @@
 //! The learning core SFT and GRPO share: the [`Sequence`] both fill, its packing
-//! ([`pack`]), micro-batch planning ([`plan`]), the training forward ([`forward`]),
+//! ([`pack()`]), micro-batch planning ([`plan()`]), the training forward ([`forward`]),
 //! AdamW and the schedules ([`optim`]), and the run [`session`] that owns resume,
 //! checkpoints and applying a step. Neither objective's module reaches into the
 //! other's: what they share lives here.

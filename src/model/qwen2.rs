@@ -32,7 +32,7 @@
 use super::lora::{self, LoraConfig, LoraLinear, LoraRun, LORA_TARGETS};
 use super::ops;
 pub use super::recompute::Checkpoints;
-use super::recompute::Segment;
+use super::recompute::{Layers, Segment};
 use anyhow::{anyhow, bail, Context, Result};
 use candle_core::{DType, Device, Tensor, Var};
 use rand::{Rng, SeedableRng};
@@ -298,6 +298,42 @@ pub(super) enum Stack {
         prompt: StreamCtx,
         completions: StreamCtx,
     },
+}
+
+/// A checkpointed forward as [`Checkpoints`] records it: its streams and mode.
+struct Recorded {
+    stack: Stack,
+    mode: Mode,
+}
+
+impl Layers for Qwen2 {
+    fn num_layers(&self) -> usize {
+        self.layers.len()
+    }
+
+    fn rerun(&self, li: usize, forward: &dyn std::any::Any, xs: &[Tensor]) -> Result<Vec<Tensor>> {
+        let r = forward
+            .downcast_ref::<Recorded>()
+            .context("checkpoint: a forward recorded by another model")?;
+        Ok(match xs {
+            [x] => self
+                .stack_layer(li, &r.stack, std::array::from_ref(x), r.mode)?
+                .to_vec(),
+            [a, b] => self
+                .stack_layer(li, &r.stack, &[a.clone(), b.clone()], r.mode)?
+                .to_vec(),
+            _ => bail!("checkpoint: {} streams", xs.len()),
+        })
+    }
+
+    fn layer_lora_vars(&self, li: usize) -> Vec<&Var> {
+        self.layers[li]
+            .lin
+            .iter()
+            .filter_map(|l| l.lora.as_ref())
+            .flat_map(|l| [&l.a, &l.b])
+            .collect()
+    }
 }
 
 /// Additive mask value for disallowed keys (like transformers' `finfo.min`).
@@ -1238,28 +1274,13 @@ impl Qwen2 {
             .iter()
             .map(|v| ops::rms_norm(v.as_tensor(), &self.norm, eps))
             .collect::<candle_core::Result<_>>()?;
-        ck.push(Segment {
-            stack,
-            mode,
+        ck.push(Segment::new(
+            Box::new(Recorded { stack, mode }),
             inputs,
             outputs,
-        });
+        ));
         out.try_into()
             .map_err(|v: Vec<Tensor>| anyhow!("{} streams, expected {N}", v.len()))
-    }
-
-    /// The LoRA variables of layer `li`.
-    pub(super) fn layer_lora_vars(&self, li: usize) -> Vec<&Var> {
-        self.layers[li]
-            .lin
-            .iter()
-            .filter_map(|l| l.lora.as_ref())
-            .flat_map(|l| [&l.a, &l.b])
-            .collect()
-    }
-
-    pub(super) fn num_layers(&self) -> usize {
-        self.layers.len()
     }
 
     /// A cache whose row `i` holds the first `rows[i].1` columns of `rows[i].0` (a row

@@ -17,31 +17,53 @@
 //! seeds when a layer is recomputed, so the gradients equal the plain backward's up to
 //! float rounding (`tests/memory.rs`).
 use super::ops;
-use super::qwen2::{Mode, Qwen2, Stack};
-use anyhow::{anyhow, bail, Result};
+use anyhow::{anyhow, Result};
 use candle_core::backprop::GradStore;
 use candle_core::{Tensor, Var};
+use std::any::Any;
 
-/// One checkpointed forward: its layers' saved inputs (detached) and the variables its
-/// last layer's outputs became.
+/// What recomputing needs from a model: its decoder layers, run again on saved
+/// inputs. The model implements it; this file knows no model type, so the model's file
+/// and this one do not import each other.
+pub trait Layers {
+    fn num_layers(&self) -> usize;
+    /// Decoder layer `li` of the recorded forward `forward` on its streams' inputs `xs`.
+    fn rerun(&self, li: usize, forward: &dyn Any, xs: &[Tensor]) -> Result<Vec<Tensor>>;
+    /// The LoRA variables of layer `li`.
+    fn layer_lora_vars(&self, li: usize) -> Vec<&Var>;
+}
+
+/// One checkpointed forward: what the model needs to run its layers again (its
+/// streams and mode), its layers' saved inputs (detached) and the variables its last
+/// layer's outputs became.
 pub(super) struct Segment {
-    pub stack: Stack,
-    pub mode: Mode,
-    pub inputs: Vec<Vec<Tensor>>,
-    pub outputs: Vec<Var>,
+    forward: Box<dyn Any + Send>,
+    inputs: Vec<Vec<Tensor>>,
+    outputs: Vec<Var>,
 }
 
 impl Segment {
+    pub(super) fn new(
+        forward: Box<dyn Any + Send>,
+        inputs: Vec<Vec<Tensor>>,
+        outputs: Vec<Var>,
+    ) -> Self {
+        Segment {
+            forward,
+            inputs,
+            outputs,
+        }
+    }
+
     /// Back-propagate one checkpointed forward: take its outputs' gradients out of
     /// `grads`, then from the last layer down recompute the layer from its saved input
     /// (made a variable unless it is the embedding, which needs no gradient) with the
     /// graph, back-propagate `sum(output * grad_output)` (whose gradient with respect to
     /// the output is `grad_output`), add the layer's LoRA gradients to `grads` and hand
     /// the input's gradient to the layer below.
-    fn backward(self, model: &Qwen2, grads: &mut GradStore) -> Result<()> {
+    fn backward(self, model: &dyn Layers, grads: &mut GradStore) -> Result<()> {
         let Segment {
-            stack,
-            mode,
+            forward,
             mut inputs,
             outputs,
         } = self;
@@ -70,15 +92,7 @@ impl Segment {
             } else {
                 saved
             };
-            let ys: Vec<Tensor> = match xin.len() {
-                1 => model
-                    .stack_layer(li, &stack, &[xin[0].clone()], mode)?
-                    .to_vec(),
-                2 => model
-                    .stack_layer(li, &stack, &[xin[0].clone(), xin[1].clone()], mode)?
-                    .to_vec(),
-                n => bail!("checkpoint: {n} streams"),
-            };
+            let ys = model.rerun(li, forward.as_ref(), &xin)?;
             let mut surrogate: Option<Tensor> = None;
             for (y, g) in ys.iter().zip(&gys) {
                 if let Some(g) = g {
@@ -110,8 +124,8 @@ impl Segment {
 }
 
 /// Activation checkpointing (`[optim] gradient_checkpointing`, candle has none built
-/// in). Forwards run with [`Qwen2::forward_checkpointed`] or
-/// [`Qwen2::forward_shared_prefix_checkpointed`] keep only each decoder layer's input
+/// in). Forwards run with [`super::qwen2::Qwen2::forward_checkpointed`] or
+/// [`super::qwen2::Qwen2::forward_shared_prefix_checkpointed`] keep only each decoder layer's input
 /// (`L` hidden-state tensors instead of every layer's activations) and are recorded
 /// here. After `loss.backward()`, which stops at the last layer's output,
 /// [`Checkpoints::backward`] recomputes the layers one at a time, last first, and
@@ -148,7 +162,7 @@ impl Checkpoints {
     /// Finish the backward of every recorded forward of `model`: `grads` is what
     /// `loss.backward()` returned; the gradients of the checkpointed outputs are taken
     /// out of it and every LoRA gradient is added to it. Consumes the records.
-    pub fn backward(&self, model: &Qwen2, grads: &mut GradStore) -> Result<()> {
+    pub fn backward(&self, model: &dyn Layers, grads: &mut GradStore) -> Result<()> {
         let segments = std::mem::take(
             &mut *self
                 .segments

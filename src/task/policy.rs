@@ -1,4 +1,4 @@
-//! The model as an [`envs::rollout::Policy`]: what plays an episode's policy seats
+//! The model as an [`crate::envs::rollout::Policy`]: what plays an episode's policy seats
 //! turn by turn, in evaluation (`concord eval`) and in training's decision mode (the
 //! model-played draws and continuations of [`crate::grpo::batch`]), so a policy is
 //! evaluated on the driver it is trained with.
