@@ -21,7 +21,8 @@ use concord::task::episode::{play_episodes, EpisodeTask, Played};
 use concord::task::{Renderer, Task};
 use std::path::Path;
 
-fn tiny(dir: &Path) -> (Qwen2, Tokenizer) {
+/// The built-in tiny model (Qwen's real tokenizer and chat template) with LoRA on q and v.
+pub(crate) fn tiny(dir: &Path) -> (Qwen2, Tokenizer) {
     let m = load_model(&ModelSpec {
         dtype: Some(DType::F32),
         lora: Some(LoraConfig {

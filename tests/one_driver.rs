@@ -4,38 +4,15 @@
 //! driver `play_episodes` in episode mode, the `ModelPolicy` turn by turn in decision
 //! mode); these tests hold them to it through their public entries,
 //! `grpo::batch::collect` and `eval::{play_trajectories, play}`.
-use candle_core::{DType, Device};
+use crate::episode::tiny;
 use concord::config::{ContinueWith, GrpoConfig};
 use concord::dist::Dist;
 use concord::envs::{self, EnvFactory, Environment, Options};
 use concord::eval::{play, play_trajectories, EpisodeSeed};
 use concord::grpo::batch::collect;
-use concord::model::load::{load_model, ModelSpec};
-use concord::model::lora::LoraConfig;
-use concord::model::qwen2::Qwen2;
-use concord::model::tokenizer::Tokenizer;
 use concord::rng::mix_seeds as mix;
 use concord::task::episode::EpisodeTask;
 use concord::task::{EnvTask, Renderer, Task};
-use std::path::Path;
-
-fn tiny(dir: &Path) -> (Qwen2, Tokenizer) {
-    let m = load_model(&ModelSpec {
-        dtype: Some(DType::F32),
-        lora: Some(LoraConfig {
-            r: 4,
-            alpha: 8.0,
-            dropout: 0.0,
-            target_modules: vec!["q_proj".into(), "v_proj".into()],
-            use_rslora: false,
-            init_seed: 1,
-        }),
-        init_tiny: true,
-        ..ModelSpec::new(dir.join("tiny").display().to_string(), Device::Cpu)
-    })
-    .unwrap();
-    (m.model, m.tokenizer.unwrap())
-}
 
 /// Ticketmelt with `rounds` rounds.
 fn rounds(n: i64) -> Options {
@@ -52,6 +29,16 @@ fn grpo(temperature: f64, max_completion_length: usize) -> GrpoConfig {
         temperature,
         ..Default::default()
     }
+}
+
+/// The episode seeds a GRPO step with seed `step_seed` draws for its `n` prompts.
+fn step_seeds(step_seed: u64, n: usize) -> Vec<EpisodeSeed> {
+    (0..n as u64)
+        .map(|i| EpisodeSeed {
+            label: i,
+            seed: envs::training_seed(mix(step_seed, i)),
+        })
+        .collect()
 }
 
 /// Episode mode: each of a step's episode seeds, played by eval's driver with the
@@ -80,12 +67,7 @@ fn an_episode_seed_plays_the_same_trajectory_in_training_and_in_eval() {
             &Dist::single(),
         )
         .unwrap();
-        let seeds: Vec<EpisodeSeed> = (0..g.prompts_per_step as u64)
-            .map(|i| EpisodeSeed {
-                label: i,
-                seed: envs::training_seed(mix(step_seed, i)),
-            })
-            .collect();
+        let seeds = step_seeds(step_seed, g.prompts_per_step);
         let params = g.sampling_params(tok.stop_ids(), mix(step_seed, 1));
         let played = play_trajectories(&model, &tok, &task, &seeds, &params, 1).unwrap();
         let eval: Vec<_> = played.iter().flat_map(|e| &e.seats).collect();
@@ -163,12 +145,7 @@ fn a_decision_seed_plays_the_same_trajectory_in_training_and_in_eval() {
             &Dist::single(),
         )
         .unwrap();
-        let seeds: Vec<EpisodeSeed> = (0..g.prompts_per_step as u64)
-            .map(|i| EpisodeSeed {
-                label: i,
-                seed: envs::training_seed(mix(step_seed, i)),
-            })
-            .collect();
+        let seeds = step_seeds(step_seed, g.prompts_per_step);
         let params = g.sampling_params(tok.stop_ids(), mix(step_seed, 3));
         let out = play(&model, &tok, built_in().as_ref(), &seeds, &params, 32).unwrap();
         for (p, prompt) in batch.prompts.iter().enumerate() {
