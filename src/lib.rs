@@ -1,7 +1,7 @@
 //! Concord: a pure-Rust GRPO trainer that teaches LLMs to coordinate.
 //!
 //! Data flows one way, and so do the imports: [`config`] (the TOML schema) →
-//! [`model`] (Qwen2 + LoRA, loading, tokenizer) and [`envs`] (the multi-agent
+//! [`model`] (Transformer + LoRA, loading, tokenizer) and [`envs`] (the multi-agent
 //! environments and the episode driver) → [`task`] (prompts and rewards) → [`sample`]
 //! (group sampling with a shared KV cache) → [`grpo`] (advantages, loss, optimiser, the
 //! training loop) → [`run`] (the run directory). [`sft`] (supervised fine-tuning and the

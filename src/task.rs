@@ -10,7 +10,7 @@
 use crate::config::ContinueWith;
 use crate::envs::rollout::Policy;
 use crate::envs::{self, EnvFactory, Reward};
-use crate::model::qwen2::Qwen2;
+use crate::model::Transformer;
 use crate::rng::mix_seeds as mix;
 use crate::sample::{ChooseOn, Completion, SampleStats, SamplingParams, Trajectory};
 use anyhow::{Context, Result};
@@ -101,7 +101,7 @@ pub trait Episodes {
     #[allow(clippy::too_many_arguments)]
     fn play(
         &self,
-        model: &Qwen2,
+        model: &Transformer,
         renderer: &dyn Renderer,
         prompts: &[TaskPrompt],
         g: usize,

@@ -13,16 +13,17 @@ use concord::learn::forward::completion_logprobs;
 use concord::learn::pack;
 use concord::model::load::{load_model, ModelSpec};
 use concord::model::lora::LoraConfig;
-use concord::model::qwen2::{Mode, Qwen2};
 use concord::model::tiny::IM_END_ID;
 use concord::model::tokenizer::Tokenizer;
+use concord::model::Input;
+use concord::model::{Mode, Transformer};
 use concord::sample::{ChooseOn, SamplingParams};
 use concord::task::episode::{play_episodes, EpisodeTask, Played};
 use concord::task::{Renderer, Task};
 use std::path::Path;
 
 /// The built-in tiny model (Qwen's real tokenizer and chat template) with LoRA on q and v.
-pub(crate) fn tiny(dir: &Path) -> (Qwen2, Tokenizer) {
+pub(crate) fn tiny(dir: &Path) -> (Transformer, Tokenizer) {
     let m = load_model(&ModelSpec {
         dtype: Some(DType::F32),
         lora: Some(LoraConfig {
@@ -494,7 +495,9 @@ fn compacted_cache_attends_like_the_padded_one() {
     let w = |f: &[u32]| f.len() / 2;
     for (ids, mask) in &feeds[..2] {
         let t = Tensor::from_vec(ids.to_vec(), (2, w(ids)), &d).unwrap();
-        model.forward_cached(&t, Some(mask), &mut a).unwrap();
+        model
+            .forward(Input::cached(&t, Some(mask), &mut a), Mode::Detached)
+            .unwrap();
     }
     let mut b = a.compact().unwrap();
     assert_eq!(b.len(), 8);
@@ -502,10 +505,20 @@ fn compacted_cache_attends_like_the_padded_one() {
     let (ids, mask) = feeds[2];
     let t = Tensor::from_vec(ids.to_vec(), (2, 1), &d).unwrap();
     let la = model
-        .last_logits(&model.forward_cached(&t, Some(mask), &mut a).unwrap())
+        .last_logits(
+            &model
+                .forward(Input::cached(&t, Some(mask), &mut a), Mode::Detached)
+                .unwrap()
+                .rows,
+        )
         .unwrap();
     let lb = model
-        .last_logits(&model.forward_cached(&t, Some(mask), &mut b).unwrap())
+        .last_logits(
+            &model
+                .forward(Input::cached(&t, Some(mask), &mut b), Mode::Detached)
+                .unwrap()
+                .rows,
+        )
         .unwrap();
     let diff = (la - lb).unwrap().abs().unwrap().max_all().unwrap();
     assert!(diff.to_scalar::<f32>().unwrap() < 1e-4);

@@ -9,7 +9,7 @@ use concord::grpo::trainer::Trainer;
 use concord::learn::forward::completion_logprobs;
 use concord::learn::{pack, Sequence};
 use concord::model::lora::LoraConfig;
-use concord::model::qwen2::{random_weights, Mode, Qwen2, Qwen2Config};
+use concord::model::{random_weights, ArchConfig, Mode, Transformer};
 use concord::run::log::TIMING_COLUMNS;
 use concord::sample::Completion;
 use concord::task::{IdRenderer, Renderer, Task, TaskPrompt};
@@ -19,11 +19,11 @@ use std::path::Path;
 const VOCAB: usize = 32;
 const TARGET: u32 = 5;
 
-fn tiny_model(dropout: f64) -> Qwen2 {
-    let cfg = Qwen2Config {
+fn tiny_model(dropout: f64) -> Transformer {
+    let cfg = ArchConfig {
         vocab_size: VOCAB,
         tie_word_embeddings: false,
-        ..Qwen2Config::tiny()
+        ..ArchConfig::tiny()
     };
     let mut w = random_weights(&cfg, 7, DType::F32, &Device::Cpu).unwrap();
     // A larger (untied) LM head so logits have a usable range: a random tied head makes
@@ -38,7 +38,7 @@ fn tiny_model(dropout: f64) -> Qwen2 {
         use_rslora: false,
         init_seed: 3,
     };
-    Qwen2::new(&cfg, &w, Some(&lora)).unwrap()
+    Transformer::new(&cfg, &w, Some(&lora)).unwrap()
 }
 
 /// Reward = share of completion tokens equal to TARGET.
@@ -128,7 +128,7 @@ fn column(header: &[String], rows: &[Vec<String>], name: &str) -> Vec<f64> {
     rows.iter().map(|r| r[i].parse::<f64>().unwrap()).collect()
 }
 
-fn lora_snapshot(m: &Qwen2) -> Vec<Vec<f32>> {
+fn lora_snapshot(m: &Transformer) -> Vec<Vec<f32>> {
     m.lora_vars()
         .iter()
         .map(|(_, v)| {

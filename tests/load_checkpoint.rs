@@ -165,11 +165,26 @@ fn wrong_architecture_is_rejected() {
         v["architectures"] = serde_json::json!(["LlamaForCausalLM"]);
         v["model_type"] = serde_json::json!("llama");
     });
+    // A Qwen2 checkpoint labelled Llama: its q/k/v biases are not Llama's.
     let msg = err_of(load_checkpoint(&local(dir.path()), None, &Device::Cpu));
     assert!(
-        msg.contains("LlamaForCausalLM") && msg.contains("Qwen2ForCausalLM"),
+        msg.contains("model.layers.0.self_attn.k_proj.bias (and 5 more)")
+            && msg.contains("LlamaForCausalLM"),
         "{msg}"
     );
+    edit_json(&dir.path().join("config.json"), |v| {
+        v["architectures"] = serde_json::json!(["MistralForCausalLM"]);
+        v["model_type"] = serde_json::json!("mistral");
+    });
+    let msg = err_of(load_checkpoint(&local(dir.path()), None, &Device::Cpu));
+    for name in [
+        "MistralForCausalLM",
+        "Qwen2ForCausalLM",
+        "Qwen3ForCausalLM",
+        "LlamaForCausalLM",
+    ] {
+        assert!(msg.contains(name), "{msg}");
+    }
 }
 
 #[test]

@@ -12,7 +12,7 @@ use concord::grpo::update::{Learner, UpdateStats};
 use concord::learn::optim::{AdamW, AdamWParams, LrSchedule};
 use concord::learn::{pack, Forward, Packed, Sequence};
 use concord::model::budget::{TrainMemory, TrainShape, GB};
-use concord::model::qwen2::{Checkpoints, Mode, Qwen2};
+use concord::model::{Checkpoints, Mode, Transformer};
 use std::ops::Range;
 
 /// Two groups of four ragged completions (prompts of 7 and 4 tokens).
@@ -152,12 +152,12 @@ fn a_row_over_the_budget_is_an_error_with_the_numbers() {
 
 /// The 0.5B's estimator (the budget's numbers below are the real runs').
 fn qwen05(checkpointing: bool) -> TrainMemory {
-    let c = concord::model::qwen2::Qwen2Config::qwen25_05b();
+    let c = concord::model::ArchConfig::qwen25_05b();
     TrainMemory::from_config(
         &c,
         candle_core::DType::F32,
         Some(&concord::model::lora::LoraConfig::default()),
-        concord::model::qwen2::default_logprob_chunk(c.vocab_size),
+        concord::model::default_logprob_chunk(c.vocab_size),
         checkpointing,
     )
 }
@@ -185,7 +185,7 @@ fn a_full_length_completion_over_the_budget_is_said_before_training() {
 
 /// sum(logp * mask * advantage) of packed rows and its gradients, with the
 /// checkpointed backward finished when `ck` is given.
-fn grads(m: &Qwen2, p: &Packed, groups: Option<&[Range<usize>]>, ck: bool) -> GradStore {
+fn grads(m: &Transformer, p: &Packed, groups: Option<&[Range<usize>]>, ck: bool) -> GradStore {
     let checkpoints = Checkpoints::new();
     let f = Forward {
         model: m,

@@ -4,12 +4,13 @@ use crate::util::max_abs_diff;
 use candle_core::{DType, Device, IndexOp, Tensor, Var, D};
 use concord::model::lora::LoraConfig;
 use concord::model::ops;
-use concord::model::qwen2::{random_weights, Mode, Qwen2, Qwen2Config, Weights};
+use concord::model::Input;
+use concord::model::{random_weights, ArchConfig, Mode, Transformer, Weights};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-fn cfg() -> Qwen2Config {
-    Qwen2Config::tiny()
+fn cfg() -> ArchConfig {
+    ArchConfig::tiny()
 }
 
 fn lora_cfg(dropout: f64) -> LoraConfig {
@@ -28,7 +29,7 @@ fn weights(dtype: DType) -> Weights {
 }
 
 /// Give every LoRA B a random nonzero value (PEFT init leaves B = 0).
-fn randomize_b(model: &Qwen2, seed: u64, scale: f32) {
+fn randomize_b(model: &Transformer, seed: u64, scale: f32) {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     for (name, var) in model.lora_vars() {
         if name.contains("lora_B") {
@@ -54,7 +55,7 @@ fn random_ids(rng: &mut ChaCha8Rng, n: usize) -> Vec<u32> {
 }
 
 /// A weighted log-prob loss over a left-padded batch.
-fn loss_of(model: &Qwen2, mode: Mode) -> Tensor {
+fn loss_of(model: &Transformer, mode: Mode) -> Tensor {
     let mut rng = ChaCha8Rng::seed_from_u64(3);
     let rows = [random_ids(&mut rng, 9), random_ids(&mut rng, 6)];
     let t = 9;
@@ -88,7 +89,7 @@ fn loss_of(model: &Qwen2, mode: Mode) -> Tensor {
 
 #[test]
 fn every_lora_tensor_gets_a_gradient_and_only_lora_tensors_do() {
-    let model = Qwen2::new(&cfg(), &weights(DType::F32), Some(&lora_cfg(0.1))).unwrap();
+    let model = Transformer::new(&cfg(), &weights(DType::F32), Some(&lora_cfg(0.1))).unwrap();
     randomize_b(&model, 1, 0.05);
     let loss = loss_of(&model, Mode::Train { dropout_seed: 5 });
     let grads = loss.backward().unwrap();
@@ -117,7 +118,7 @@ fn every_lora_tensor_gets_a_gradient_and_only_lora_tensors_do() {
 fn only_some_targets_still_store_only_lora_grads() {
     let mut l = lora_cfg(0.0);
     l.target_modules = vec!["v_proj".into(), "up_proj".into()];
-    let model = Qwen2::new(&cfg(), &weights(DType::F32), Some(&l)).unwrap();
+    let model = Transformer::new(&cfg(), &weights(DType::F32), Some(&l)).unwrap();
     randomize_b(&model, 2, 0.05);
     let grads = loss_of(&model, Mode::Grad).backward().unwrap();
     let vars = model.lora_vars();
@@ -130,7 +131,7 @@ fn only_some_targets_still_store_only_lora_grads() {
 
 #[test]
 fn finite_differences_agree_with_lora_gradient() {
-    let model = Qwen2::new(&cfg(), &weights(DType::F32), Some(&lora_cfg(0.0))).unwrap();
+    let model = Transformer::new(&cfg(), &weights(DType::F32), Some(&lora_cfg(0.0))).unwrap();
     randomize_b(&model, 3, 0.1);
     let grads = loss_of(&model, Mode::Grad).backward().unwrap();
     let vars = model.lora_vars();
@@ -192,7 +193,7 @@ fn finite_differences_agree_with_lora_gradient() {
 
 #[test]
 fn padded_batch_equals_unpadded_rows() {
-    let model = Qwen2::new(&cfg(), &weights(DType::F32), Some(&lora_cfg(0.0))).unwrap();
+    let model = Transformer::new(&cfg(), &weights(DType::F32), Some(&lora_cfg(0.0))).unwrap();
     randomize_b(&model, 4, 0.05);
     let mut rng = ChaCha8Rng::seed_from_u64(5);
     let rows = [
@@ -205,8 +206,12 @@ fn padded_batch_equals_unpadded_rows() {
         .iter()
         .map(|r| {
             let h = model
-                .forward(&ids_tensor(std::slice::from_ref(r)), None, Mode::Detached)
-                .unwrap();
+                .forward(
+                    Input::rows(&ids_tensor(std::slice::from_ref(r)), None),
+                    Mode::Detached,
+                )
+                .unwrap()
+                .rows;
             model.logits(&h).unwrap().i(0).unwrap()
         })
         .collect();
@@ -225,8 +230,9 @@ fn padded_batch_equals_unpadded_rows() {
             }
         }
         let h = model
-            .forward(&ids_tensor(&ids), Some(&mask), Mode::Grad)
-            .unwrap();
+            .forward(Input::rows(&ids_tensor(&ids), Some(&mask)), Mode::Grad)
+            .unwrap()
+            .rows;
         let logits = model.logits(&h).unwrap();
         for (bi, r) in rows.iter().enumerate() {
             let off = if left { t - r.len() } else { 0 };
@@ -244,7 +250,7 @@ fn padded_batch_equals_unpadded_rows() {
 
 #[test]
 fn kv_cache_decoding_equals_full_forward() {
-    let model = Qwen2::new(&cfg(), &weights(DType::F32), Some(&lora_cfg(0.0))).unwrap();
+    let model = Transformer::new(&cfg(), &weights(DType::F32), Some(&lora_cfg(0.0))).unwrap();
     randomize_b(&model, 6, 0.05);
     let mut rng = ChaCha8Rng::seed_from_u64(7);
     let prompts = [random_ids(&mut rng, 5), random_ids(&mut rng, 3)];
@@ -261,13 +267,21 @@ fn kv_cache_decoding_equals_full_forward() {
     }
     let mut cache = model.new_cache(prompts.len(), t + steps + 1).unwrap();
     let h = model
-        .forward_cached(&ids_tensor(&ids), Some(&mask), &mut cache)
-        .unwrap();
+        .forward(
+            Input::cached(&ids_tensor(&ids), Some(&mask), &mut cache),
+            Mode::Detached,
+        )
+        .unwrap()
+        .rows;
     let first = model.last_logits(&h).unwrap();
     for (bi, p) in prompts.iter().enumerate() {
         let hf = model
-            .forward(&ids_tensor(std::slice::from_ref(p)), None, Mode::Detached)
-            .unwrap();
+            .forward(
+                Input::rows(&ids_tensor(std::slice::from_ref(p)), None),
+                Mode::Detached,
+            )
+            .unwrap()
+            .rows;
         let d = max_abs_diff(
             &first.i(bi).unwrap(),
             &model.last_logits(&hf).unwrap().i(0).unwrap(),
@@ -288,12 +302,16 @@ fn kv_cache_decoding_equals_full_forward() {
             .map(|r| u8::from(!(r == 1 && step >= 2)))
             .collect();
         let h = model
-            .forward_cached(
-                &Tensor::from_vec(next.clone(), (seqs.len(), 1), &Device::Cpu).unwrap(),
-                Some(&m),
-                &mut cache,
+            .forward(
+                Input::cached(
+                    &Tensor::from_vec(next.clone(), (seqs.len(), 1), &Device::Cpu).unwrap(),
+                    Some(&m),
+                    &mut cache,
+                ),
+                Mode::Detached,
             )
-            .unwrap();
+            .unwrap()
+            .rows;
         let logits = model.last_logits(&h).unwrap();
         for (r, s) in seqs.iter_mut().enumerate() {
             if m[r] == 0 {
@@ -301,8 +319,12 @@ fn kv_cache_decoding_equals_full_forward() {
             }
             s.push(next[r]);
             let hf = model
-                .forward(&ids_tensor(std::slice::from_ref(s)), None, Mode::Detached)
-                .unwrap();
+                .forward(
+                    Input::rows(&ids_tensor(std::slice::from_ref(s)), None),
+                    Mode::Detached,
+                )
+                .unwrap()
+                .rows;
             let want = model.last_logits(&hf).unwrap().i(0).unwrap();
             let d = max_abs_diff(&logits.i(r).unwrap(), &want);
             assert!(d < 1e-4, "step {step} row {r} differs by {d}");
@@ -311,12 +333,14 @@ fn kv_cache_decoding_equals_full_forward() {
     assert_eq!(cache.len(), t + steps);
     // Too many columns is an error, not a panic.
     let one = Tensor::from_vec(vec![1u32; 8], (4, 2), &Device::Cpu).unwrap();
-    assert!(model.forward_cached(&one, None, &mut cache).is_err());
+    assert!(model
+        .forward(Input::cached(&one, None, &mut cache), Mode::Detached)
+        .is_err());
 }
 
 #[test]
 fn chunked_logprobs_equal_log_softmax_values_and_gradients() {
-    let mut model = Qwen2::new(&cfg(), &weights(DType::F32), Some(&lora_cfg(0.0))).unwrap();
+    let mut model = Transformer::new(&cfg(), &weights(DType::F32), Some(&lora_cfg(0.0))).unwrap();
     randomize_b(&model, 8, 0.05);
     let mut rng = ChaCha8Rng::seed_from_u64(9);
     let ids = ids_tensor(&[random_ids(&mut rng, 8), random_ids(&mut rng, 8)]);
@@ -326,7 +350,10 @@ fn chunked_logprobs_equal_log_softmax_values_and_gradients() {
         .sequence_logprobs(&ids, None, Mode::Grad, temp, true)
         .unwrap();
     // Reference: full logits, log_softmax, gather.
-    let h = model.forward(&ids, None, Mode::Grad).unwrap();
+    let h = model
+        .forward(Input::rows(&ids, None), Mode::Grad)
+        .unwrap()
+        .rows;
     let logits = (model.logits(&h.narrow(1, 0, 7).unwrap()).unwrap() / temp).unwrap();
     let logsm = candle_nn::ops::log_softmax(&logits, D::Minus1).unwrap();
     let tg = ids
@@ -378,11 +405,11 @@ fn chunked_logprobs_equal_log_softmax_values_and_gradients() {
 #[test]
 fn peft_save_load_round_trip_and_disabled_adapter_is_base() {
     let w = weights(DType::F32);
-    let model = Qwen2::new(&cfg(), &w, Some(&lora_cfg(0.05))).unwrap();
+    let model = Transformer::new(&cfg(), &w, Some(&lora_cfg(0.05))).unwrap();
     randomize_b(&model, 10, 0.05);
     let mut rng = ChaCha8Rng::seed_from_u64(12);
     let ids = ids_tensor(&[random_ids(&mut rng, 6)]);
-    let lp = |m: &Qwen2| {
+    let lp = |m: &Transformer| {
         m.sequence_logprobs(&ids, None, Mode::Detached, 1.0, false)
             .unwrap()
             .logprobs
@@ -420,13 +447,13 @@ fn peft_save_load_round_trip_and_disabled_adapter_is_base() {
     assert_eq!(cfg_json["use_dora"], false);
     assert_eq!(cfg_json["bias"], "none");
 
-    let mut loaded = Qwen2::new(&cfg(), &w, None).unwrap();
+    let mut loaded = Transformer::new(&cfg(), &w, None).unwrap();
     loaded.load_adapter(dir.path()).unwrap();
     assert_eq!(loaded.lora_config().unwrap().r, 4);
     assert!(max_abs_diff(&lp(&loaded), &with) < 1e-6);
 
     // Disabled adapter == base model; enabled differs.
-    let base = Qwen2::new(&cfg(), &w, None).unwrap();
+    let base = Transformer::new(&cfg(), &w, None).unwrap();
     let base_lp = lp(&base);
     assert!(max_abs_diff(&with, &base_lp) > 1e-4);
     model.set_adapter_enabled(false);
@@ -451,8 +478,8 @@ fn peft_save_load_round_trip_and_disabled_adapter_is_base() {
 #[test]
 fn fresh_peft_init_is_identity_and_deterministic() {
     let w = weights(DType::F32);
-    let a = Qwen2::new(&cfg(), &w, Some(&lora_cfg(0.0))).unwrap();
-    let b = Qwen2::new(&cfg(), &w, Some(&lora_cfg(0.0))).unwrap();
+    let a = Transformer::new(&cfg(), &w, Some(&lora_cfg(0.0))).unwrap();
+    let b = Transformer::new(&cfg(), &w, Some(&lora_cfg(0.0))).unwrap();
     for ((_, va), (_, vb)) in a.lora_vars().iter().zip(b.lora_vars()) {
         assert!(max_abs_diff(va.as_tensor(), vb.as_tensor()) == 0.0);
     }
@@ -460,7 +487,7 @@ fn fresh_peft_init_is_identity_and_deterministic() {
     let bound = 1.0 / 64f32.sqrt();
     let v: Vec<f32> = a0.flatten_all().unwrap().to_vec1().unwrap();
     assert!(v.iter().all(|x| x.abs() <= bound) && v.iter().any(|x| *x != 0.0));
-    let base = Qwen2::new(&cfg(), &w, None).unwrap();
+    let base = Transformer::new(&cfg(), &w, None).unwrap();
     let ids = ids_tensor(&[vec![1, 2, 3, 4]]);
     let l1 = a
         .sequence_logprobs(&ids, None, Mode::Detached, 1.0, false)
@@ -477,14 +504,14 @@ fn fresh_peft_init_is_identity_and_deterministic() {
 fn half_precision_base_with_f32_lora_trains() {
     let mut rng = ChaCha8Rng::seed_from_u64(13);
     let ids = ids_tensor(&[random_ids(&mut rng, 6), random_ids(&mut rng, 6)]);
-    let f32_model = Qwen2::new(&cfg(), &weights(DType::F32), Some(&lora_cfg(0.0))).unwrap();
+    let f32_model = Transformer::new(&cfg(), &weights(DType::F32), Some(&lora_cfg(0.0))).unwrap();
     randomize_b(&f32_model, 14, 0.05);
     let want = f32_model
         .sequence_logprobs(&ids, None, Mode::Detached, 1.0, false)
         .unwrap()
         .logprobs;
     for dtype in [DType::BF16, DType::F16] {
-        let model = Qwen2::new(&cfg(), &weights(dtype), Some(&lora_cfg(0.1))).unwrap();
+        let model = Transformer::new(&cfg(), &weights(dtype), Some(&lora_cfg(0.1))).unwrap();
         randomize_b(&model, 14, 0.05);
         let lp = model
             .sequence_logprobs(&ids, None, Mode::Train { dropout_seed: 1 }, 1.0, true)
@@ -532,13 +559,14 @@ fn rounded_weights(dtype: DType) -> Weights {
 
 #[test]
 fn reduced_precision_base_equals_f32_on_the_rounded_weights() {
-    let plain = Qwen2::new(&cfg(), &peaky_weights(), Some(&lora_cfg(0.0))).unwrap();
+    let plain = Transformer::new(&cfg(), &peaky_weights(), Some(&lora_cfg(0.0))).unwrap();
     randomize_b(&plain, 21, 0.05);
     let plain_loss = loss_of(&plain, Mode::Grad).to_scalar::<f32>().unwrap();
     for dtype in [DType::BF16, DType::F16] {
         // Independent truth: an all-f32 model whose matrices were rounded beforehand.
-        let truth = Qwen2::new(&cfg(), &rounded_weights(dtype), Some(&lora_cfg(0.0))).unwrap();
-        let mut model = Qwen2::new(&cfg(), &peaky_weights(), Some(&lora_cfg(0.0))).unwrap();
+        let truth =
+            Transformer::new(&cfg(), &rounded_weights(dtype), Some(&lora_cfg(0.0))).unwrap();
+        let mut model = Transformer::new(&cfg(), &peaky_weights(), Some(&lora_cfg(0.0))).unwrap();
         model.set_base_dtype(dtype).unwrap();
         assert_eq!(model.base_dtype(), dtype);
         assert_eq!(model.dtype(), DType::F32);
@@ -575,13 +603,19 @@ fn reduced_precision_base_equals_f32_on_the_rounded_weights() {
         // the same last-position logits as the training forward.
         let mut rng = ChaCha8Rng::seed_from_u64(22);
         let ids = ids_tensor(&[random_ids(&mut rng, 7)]);
-        let full = model.forward(&ids, None, Mode::Detached).unwrap();
+        let full = model
+            .forward(Input::rows(&ids, None), Mode::Detached)
+            .unwrap()
+            .rows;
         let want = model.last_logits(&full).unwrap();
         let mut cache = model.new_cache(1, 16).unwrap();
         let mut last = None;
         for t in 0..7 {
             let step = ids.i((.., t..t + 1)).unwrap();
-            let h = model.forward_cached(&step, None, &mut cache).unwrap();
+            let h = model
+                .forward(Input::cached(&step, None, &mut cache), Mode::Detached)
+                .unwrap()
+                .rows;
             last = Some(model.last_logits(&h).unwrap());
         }
         let d = max_abs_diff(&last.unwrap(), &want);
@@ -591,7 +625,7 @@ fn reduced_precision_base_equals_f32_on_the_rounded_weights() {
 
 #[test]
 fn dropout_is_seeded() {
-    let model = Qwen2::new(&cfg(), &weights(DType::F32), Some(&lora_cfg(0.3))).unwrap();
+    let model = Transformer::new(&cfg(), &weights(DType::F32), Some(&lora_cfg(0.3))).unwrap();
     randomize_b(&model, 15, 0.2);
     let a = loss_of(&model, Mode::Train { dropout_seed: 1 })
         .to_scalar::<f32>()
@@ -612,7 +646,10 @@ fn dropout_is_seeded() {
 fn weight_validation_names_the_tensor() {
     let mut w = weights(DType::F32);
     w.remove("model.layers.1.self_attn.k_proj.bias");
-    let err = Qwen2::new(&cfg(), &w, None).err().unwrap().to_string();
+    let err = Transformer::new(&cfg(), &w, None)
+        .err()
+        .unwrap()
+        .to_string();
     assert!(
         err.contains("model.layers.1.self_attn.k_proj.bias"),
         "{err}"
@@ -622,7 +659,10 @@ fn weight_validation_names_the_tensor() {
         "model.layers.0.mlp.up_proj.weight".into(),
         Tensor::zeros((3, 64), DType::F32, &Device::Cpu).unwrap(),
     );
-    let err = Qwen2::new(&cfg(), &w, None).err().unwrap().to_string();
+    let err = Transformer::new(&cfg(), &w, None)
+        .err()
+        .unwrap()
+        .to_string();
     assert!(
         err.contains("model.layers.0.mlp.up_proj.weight") && err.contains("[3, 64]"),
         "{err}"
@@ -632,10 +672,14 @@ fn weight_validation_names_the_tensor() {
     c.tie_word_embeddings = false;
     let w = random_weights(&c, 1, DType::F32, &Device::Cpu).unwrap();
     assert!(w.contains_key("lm_head.weight"));
-    let m = Qwen2::new(&c, &w, None).unwrap();
+    let m = Transformer::new(&c, &w, None).unwrap();
     let h = m
-        .forward(&ids_tensor(&[vec![1, 2]]), None, Mode::Detached)
-        .unwrap();
+        .forward(
+            Input::rows(&ids_tensor(&[vec![1, 2]]), None),
+            Mode::Detached,
+        )
+        .unwrap()
+        .rows;
     let want = h
         .broadcast_matmul(&w["lm_head.weight"].t().unwrap())
         .unwrap();
@@ -647,7 +691,7 @@ fn weight_validation_names_the_tensor() {
 #[test]
 #[ignore]
 fn bench_05b_fwd_bwd() {
-    let mut c = Qwen2Config::qwen25_05b();
+    let mut c = ArchConfig::qwen25_05b();
     if let Ok(l) = std::env::var("BENCH_LAYERS") {
         c.num_hidden_layers = l.parse().unwrap();
     }
@@ -658,7 +702,7 @@ fn bench_05b_fwd_bwd() {
         alpha: 32.0,
         ..LoraConfig::default()
     };
-    let model = Qwen2::new(&c, &w, Some(&l)).unwrap();
+    let model = Transformer::new(&c, &w, Some(&l)).unwrap();
     randomize_b(&model, 1, 0.01);
     eprintln!("init {:.1}s", t0.elapsed().as_secs_f64());
     let mut rng = ChaCha8Rng::seed_from_u64(1);
@@ -668,7 +712,10 @@ fn bench_05b_fwd_bwd() {
     let ids = ids_tensor(&rows);
     for _ in 0..1 {
         let t0 = std::time::Instant::now();
-        let h = model.forward(&ids, None, Mode::Grad).unwrap();
+        let h = model
+            .forward(Input::rows(&ids, None), Mode::Grad)
+            .unwrap()
+            .rows;
         let t1 = t0.elapsed().as_secs_f64();
         let lp = model
             .token_logprobs(
@@ -720,8 +767,8 @@ fn parity_with_transformers_dir() {
         .collect();
     let temp = exp["temperature"].as_f64().unwrap();
     let ids = ids_tensor(&[ids]);
-    let mut model = Qwen2::new(&cfg(), &w, None).unwrap();
-    let check = |m: &Qwen2, key: &str| {
+    let mut model = Transformer::new(&cfg(), &w, None).unwrap();
+    let check = |m: &Transformer, key: &str| {
         let lp: Vec<f32> = m
             .sequence_logprobs(&ids, None, Mode::Detached, temp, false)
             .unwrap()

@@ -16,7 +16,8 @@ use concord::chat::Message;
 use concord::model::load::{load_model, ModelSpec};
 use concord::model::tiny::{init_tiny, TinySpec};
 use concord::model::tokenizer::Tokenizer;
-use concord::model::{Mode, Qwen2};
+use concord::model::Input;
+use concord::model::{Mode, Transformer};
 use serde_json::Value;
 
 fn fixtures() -> PathBuf {
@@ -51,7 +52,7 @@ fn messages(v: &Value) -> Vec<Message> {
 
 /// A loaded checkpoint: the model and its tokenizer.
 struct LoadedModel {
-    model: Qwen2,
+    model: Transformer,
     tokenizer: Tokenizer,
 }
 
@@ -133,7 +134,8 @@ fn batched_logprobs(m: &LoadedModel, cases: &[(Vec<u32>, Vec<u32>)]) -> Vec<Vec<
     let mut mask = Vec::new();
     for (p, c) in cases {
         let pad = width - p.len() - c.len();
-        flat.extend(std::iter::repeat_n(151_643u32, pad));
+        // Any id of every family's vocabulary: the padding is masked.
+        flat.extend(std::iter::repeat_n(0u32, pad));
         mask.extend(std::iter::repeat_n(0u8, pad));
         flat.extend(p.iter().chain(c));
         mask.extend(std::iter::repeat_n(1u8, p.len() + c.len()));
@@ -162,7 +164,11 @@ fn greedy(m: &LoadedModel, prompt: &[u32], n: usize) -> Vec<u32> {
             .unwrap()
             .unsqueeze(0)
             .unwrap();
-        let h = m.model.forward_cached(&t, None, &mut cache).unwrap();
+        let h = m
+            .model
+            .forward(Input::cached(&t, None, &mut cache), Mode::Detached)
+            .unwrap()
+            .rows;
         let next = m
             .model
             .last_logits(&h)
@@ -232,6 +238,12 @@ fn check_greedy(fx: &Fixture, m: &LoadedModel, key: &str) {
 }
 
 fn f32_model(name: &str) {
+    f32_model_within(name, 1e-3);
+}
+
+/// Ids, log-probs within `tol`, greedy continuations, the adapter on and off, and LoRA
+/// gradients of one f32 fixture model.
+fn f32_model_within(name: &str, tol: f32) {
     let fx = Fixture::new(name);
     // Prompt/completion ids: Concord's tokenizer and template agree with transformers.
     let base = fx.load(DType::F32, false);
@@ -250,15 +262,15 @@ fn f32_model(name: &str) {
             "{name} case {i} completion ids"
         );
     }
-    check_logprobs(&fx, &base, "logprobs_base", 1e-3);
+    check_logprobs(&fx, &base, "logprobs_base", tol);
     check_greedy(&fx, &base, "greedy_base");
     // The peft-saved adapter (nonzero B) loads in Concord with equal log-probs.
     let lora = fx.load(DType::F32, true);
-    check_logprobs(&fx, &lora, "logprobs_lora", 1e-3);
+    check_logprobs(&fx, &lora, "logprobs_lora", tol);
     check_greedy(&fx, &lora, "greedy_lora");
     // Disabling the adapter gives the base model back.
     lora.model.set_adapter_enabled(false);
-    check_logprobs(&fx, &lora, "logprobs_base", 1e-3);
+    check_logprobs(&fx, &lora, "logprobs_base", tol);
     lora.model.set_adapter_enabled(true);
 
     if fx.json.get("grad_loss").is_some() {
@@ -354,10 +366,18 @@ fn parity_tied_gqa2() {
 /// the log-probs peft computes with it (`PeftModel.from_pretrained`).
 #[test]
 fn sft_adapter_matches_peft() {
-    let fx = Fixture::new("tied_gqa2");
+    for name in ["tied_gqa2", "qwen3_tied", "llama_tied_scaled"] {
+        sft_adapter_matches_peft_on(name);
+    }
+}
+
+/// An adapter `concord sft` trained on fixture model `name` has, in Concord, the
+/// log-probs peft computes with it.
+fn sft_adapter_matches_peft_on(name: &str) {
+    let fx = Fixture::new(name);
     let m = load_model(&ModelSpec {
         dtype: Some(DType::F32),
-        adapter: Some(fixtures().join("tied_gqa2_sft_adapter")),
+        adapter: Some(fixtures().join(format!("{name}_sft_adapter"))),
         ..ModelSpec::new(fx.model_dir.to_string_lossy(), Device::Cpu)
     })
     .unwrap();
@@ -365,14 +385,14 @@ fn sft_adapter_matches_peft() {
         model: m.model,
         tokenizer: m.tokenizer.unwrap(),
     };
-    let peft = read_json("tied_gqa2_sft.json");
+    let peft = read_json(&format!("{name}_sft.json"));
     let mut worst = 0f32;
     for case in peft["cases"].as_array().unwrap() {
         let ours =
             completion_logprobs(&m, &ids(&case["prompt_ids"]), &ids(&case["completion_ids"]));
         worst = worst.max(max_abs(&ours, &floats(&case["logprobs_peft"])));
     }
-    assert!(worst < 1e-4, "max |dlogprob| vs peft {worst}");
+    assert!(worst < 1e-4, "{name}: max |dlogprob| vs peft {worst}");
     // The SFT moved the adapter: its B matrices are not PEFT's zero init.
     assert!(m
         .model
@@ -437,13 +457,16 @@ fn chat_template_ids_match_transformers() {
     init_tiny(&TinySpec::default(), dir.path()).unwrap();
     let tiny = Tokenizer::from_dir(dir.path()).unwrap();
     let q3cfg = read_json("qwen3_tokenizer_config.json");
-    let qwen3 = Tokenizer::new(
+    let mut qwen3 = Tokenizer::new(
         tiny.inner().clone(),
         &q3cfg,
         Some(q3cfg["chat_template"].as_str().unwrap().to_string()),
         &[],
     )
     .unwrap();
+    // chat.json was rendered with transformers' defaults (no enable_thinking); the family
+    // fixtures check Concord's own defaults.
+    qwen3.set_template_kwargs(Default::default());
     let rows = chat["conversations"].as_array().unwrap();
     assert!(rows.len() >= 10);
     for (i, row) in rows.iter().enumerate() {
@@ -472,5 +495,76 @@ fn chat_template_ids_match_transformers() {
             e["decoded"].as_str().unwrap(),
             "decode {text:?}"
         );
+    }
+}
+
+// --- Qwen3 and Llama 3: transformers' Qwen3ForCausalLM / LlamaForCausalLM + peft.
+
+#[test]
+fn parity_qwen3_tied_head_dim_32() {
+    f32_model_within("qwen3_tied", 1e-4);
+}
+
+#[test]
+fn parity_qwen3_untied() {
+    f32_model_within("qwen3_untied", 1e-4);
+}
+
+#[test]
+fn parity_llama_tied_llama3_rope_scaling() {
+    let fx = Fixture::new("llama_tied_scaled");
+    // The fixture's window is small enough that the scaling moves the log-probs: a
+    // model that ignored it would fail here.
+    assert!(fx.json["rope_scaling_max_abs_effect"].as_f64().unwrap() > 1e-2);
+    f32_model_within("llama_tied_scaled", 1e-4);
+}
+
+#[test]
+fn parity_llama_untied() {
+    f32_model_within("llama_untied", 1e-4);
+}
+
+/// Each family's own chat template and tokenizer, rendered by Concord with its default
+/// template variables, give transformers' text and ids; Qwen3 with thinking on too.
+#[test]
+fn family_chat_templates_match_transformers() {
+    for family in ["qwen3", "llama"] {
+        let chat = read_json(&format!("{family}_chat.json"));
+        let fx = Fixture::new(chat["model"].as_str().unwrap());
+        let mut tok = Tokenizer::from_dir(&fx.model_dir).unwrap();
+        let mut variants = vec![("", tok.template_kwargs().clone())];
+        if family == "qwen3" {
+            let mut thinking = tok.template_kwargs().clone();
+            thinking.insert("enable_thinking".into(), serde_json::Value::Bool(true));
+            variants.push(("_thinking", thinking));
+        }
+        let rows = chat["conversations"].as_array().unwrap();
+        assert!(rows.len() >= 10);
+        for (suffix, kwargs) in variants {
+            tok.set_template_kwargs(kwargs);
+            for (i, row) in rows.iter().enumerate() {
+                let msgs = messages(&row["messages"]);
+                let gen = row["add_generation_prompt"].as_bool().unwrap();
+                let text = tok.apply_chat_template(&msgs, gen).unwrap();
+                let want = row[format!("text{suffix}")].as_str().unwrap();
+                assert_eq!(text, want, "{family} row {i} text{suffix}");
+                let got = tok.encode(&text).unwrap();
+                assert_eq!(
+                    got,
+                    ids(&row[format!("ids{suffix}")]),
+                    "{family} row {i} ids{suffix}"
+                );
+            }
+        }
+        for e in chat["encode"].as_array().into_iter().flatten() {
+            let text = e["text"].as_str().unwrap();
+            let want = ids(&e["ids"]);
+            assert_eq!(tok.encode(text).unwrap(), want, "{family} encode {text:?}");
+            assert_eq!(
+                tok.decode(&want).unwrap(),
+                e["decoded"].as_str().unwrap(),
+                "{family} decode {text:?}"
+            );
+        }
     }
 }

@@ -1,6 +1,7 @@
 //! Batched group sampling over a tiny random Qwen2 (no files, no tokenizer download).
 use candle_core::{DType, Device, Tensor};
-use concord::model::qwen2::{random_weights, Mode, Qwen2, Qwen2Config};
+use concord::model::Input;
+use concord::model::{random_weights, ArchConfig, Mode, Transformer};
 use concord::sample::{
     group_requests, sample_requests_on, sample_requests_reusing, sample_turns, ChooseOn,
     Completion, FinishReason, GroupRequest, PromptKv, Reply, SamplingParams, TurnEvent, TurnRow,
@@ -9,12 +10,12 @@ use concord::sample::{
 
 /// A tiny model with peaky next-token distributions (scaled embeddings), so greedy
 /// choices are well separated and stop tokens actually get sampled.
-fn tiny_model(seed: u64) -> Qwen2 {
-    let cfg = Qwen2Config::tiny();
+fn tiny_model(seed: u64) -> Transformer {
+    let cfg = ArchConfig::tiny();
     let mut w = random_weights(&cfg, seed, DType::F32, &Device::Cpu).unwrap();
     let e = w["model.embed_tokens.weight"].clone();
     w.insert("model.embed_tokens.weight".into(), (e * 8.0).unwrap());
-    Qwen2::new(&cfg, &w, None).unwrap()
+    Transformer::new(&cfg, &w, None).unwrap()
 }
 
 fn decoder() -> impl Fn(&[u32]) -> anyhow::Result<String> {
@@ -31,11 +32,14 @@ fn prompts() -> Vec<Vec<u32>> {
 }
 
 /// Greedy continuation by full recomputation (no cache), one sequence at a time.
-fn naive_greedy(model: &Qwen2, prompt: &[u32], n: usize) -> Vec<u32> {
+fn naive_greedy(model: &Transformer, prompt: &[u32], n: usize) -> Vec<u32> {
     let mut seq = prompt.to_vec();
     for _ in 0..n {
         let ids = Tensor::from_vec(seq.clone(), (1, seq.len()), &Device::Cpu).unwrap();
-        let h = model.forward(&ids, None, Mode::Detached).unwrap();
+        let h = model
+            .forward(Input::rows(&ids, None), Mode::Detached)
+            .unwrap()
+            .rows;
         let l = model
             .last_logits(&h)
             .unwrap()
@@ -51,7 +55,7 @@ fn naive_greedy(model: &Qwen2, prompt: &[u32], n: usize) -> Vec<u32> {
 
 /// The training forward's log-probs of `completion` after `prompt` at `temperature`.
 fn training_logprobs(
-    model: &Qwen2,
+    model: &Transformer,
     prompt: &[u32],
     completion: &[u32],
     temperature: f64,
@@ -66,7 +70,7 @@ fn training_logprobs(
 }
 
 fn alone(
-    model: &Qwen2,
+    model: &Transformer,
     prompt: &[u32],
     p: usize,
     j: usize,
@@ -87,7 +91,7 @@ fn alone(
 
 /// `g` completions of each prompt, tokens chosen where `on` says.
 fn groups(
-    model: &Qwen2,
+    model: &Transformer,
     ps: &[Vec<u32>],
     g: usize,
     params: &SamplingParams,
@@ -160,7 +164,7 @@ fn every_row_matches_sampling_it_alone(on: ChooseOn) {
 
 /// Three completions of every prompt at T = 1: each recorded log-prob (full and
 /// sampled: no filter) equals the training forward's within 1e-4.
-fn assert_recorded_logprobs_are_the_trainers(model: &Qwen2, on: ChooseOn, what: &str) {
+fn assert_recorded_logprobs_are_the_trainers(model: &Transformer, on: ChooseOn, what: &str) {
     let params = SamplingParams {
         temperature: 1.0,
         max_new_tokens: 8,
@@ -202,7 +206,7 @@ fn recorded_logprobs_match_training_forward(on: ChooseOn) {
     }
 }
 
-/// A bf16 / f16 base ([`Qwen2::set_base_dtype`]): the sampler's recorded log-probs
+/// A bf16 / f16 base ([`Transformer::set_base_dtype`]): the sampler's recorded log-probs
 /// still equal the training forward's, and greedy still equals full recomputation.
 fn reduced_precision_base_logprobs_match_training_forward(on: ChooseOn) {
     for dtype in [DType::BF16, DType::F16] {

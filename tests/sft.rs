@@ -4,16 +4,17 @@
 use candle_core::{DType, Device, Tensor};
 use concord::learn::{pack, Sequence};
 use concord::model::lora::LoraConfig;
-use concord::model::qwen2::{random_weights, Checkpoints, Mode, Qwen2, Qwen2Config};
+use concord::model::Input;
+use concord::model::{random_weights, ArchConfig, Checkpoints, Mode, Transformer};
 use concord::sft::data::parse_jsonl;
 use concord::sft::loss::sft_loss;
 use concord::sft::trainer::{micro_step, micro_step_shared};
 use std::path::Path;
 
-fn model() -> Qwen2 {
-    let cfg = Qwen2Config {
+fn model() -> Transformer {
+    let cfg = ArchConfig {
         vocab_size: 32,
-        ..Qwen2Config::tiny()
+        ..ArchConfig::tiny()
     };
     let w = random_weights(&cfg, 11, DType::F32, &Device::Cpu).unwrap();
     let lora = LoraConfig {
@@ -22,7 +23,7 @@ fn model() -> Qwen2 {
         target_modules: crate::util::all_lora_targets(),
         ..LoraConfig::default()
     };
-    Qwen2::new(&cfg, &w, Some(&lora)).unwrap()
+    Transformer::new(&cfg, &w, Some(&lora)).unwrap()
 }
 
 fn row(prompt: &[u32], completion: &[u32]) -> Sequence {
@@ -31,12 +32,15 @@ fn row(prompt: &[u32], completion: &[u32]) -> Sequence {
 
 /// ln softmax(logits)[target] of every next token of `ids`, from the full `[T, V]`
 /// logits in f64: the hand computation, by another path than the chunked log-probs.
-fn full_logprobs(m: &Qwen2, ids: &[u32]) -> Vec<f64> {
+fn full_logprobs(m: &Transformer, ids: &[u32]) -> Vec<f64> {
     let t = Tensor::new(ids, &Device::Cpu)
         .unwrap()
         .unsqueeze(0)
         .unwrap();
-    let h = m.forward(&t, None, Mode::Detached).unwrap();
+    let h = m
+        .forward(Input::rows(&t, None), Mode::Detached)
+        .unwrap()
+        .rows;
     let logits: Vec<Vec<f32>> = m.logits(&h).unwrap().squeeze(0).unwrap().to_vec2().unwrap();
     (0..ids.len() - 1)
         .map(|i| {
@@ -117,7 +121,7 @@ fn sft_loss_matches_hand_computation_and_only_completion_tokens_count() {
 
 /// The tiny model with nonzero LoRA weights (B starts at zero, which would hide errors
 /// in the adapter's gradients).
-fn model_with_lora() -> Qwen2 {
+fn model_with_lora() -> Transformer {
     let m = model();
     for (i, (_, v)) in m.lora_vars().iter().enumerate() {
         let t = v.as_tensor();

@@ -17,7 +17,7 @@ use concord::learn::plan::plan;
 use concord::learn::{pack, Packed, Sequence};
 use concord::model::budget::{MemoryBudget, TrainMemory};
 use concord::model::lora::LoraConfig;
-use concord::model::qwen2::{random_weights, Mode, Qwen2, Qwen2Config};
+use concord::model::{random_weights, ArchConfig, Mode, Transformer};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::ops::Range;
@@ -30,19 +30,19 @@ fn whole(n: usize) -> Vec<Range<usize>> {
 const VOCAB: usize = 64;
 
 /// GQA with 4 query heads per kv head (like 14/2 on Qwen2.5-0.5B, at 8/2).
-pub(crate) fn model() -> Qwen2 {
+pub(crate) fn model() -> Transformer {
     model_with_dropout(0.0)
 }
 
 /// [`model`] with LoRA dropout `dropout`.
-pub(crate) fn model_with_dropout(dropout: f64) -> Qwen2 {
-    let cfg = Qwen2Config {
+pub(crate) fn model_with_dropout(dropout: f64) -> Transformer {
+    let cfg = ArchConfig {
         vocab_size: VOCAB,
         num_attention_heads: 8,
         num_key_value_heads: 2,
         head_dim: 8,
         tie_word_embeddings: false,
-        ..Qwen2Config::tiny()
+        ..ArchConfig::tiny()
     };
     let mut w = random_weights(&cfg, 11, DType::F32, &Device::Cpu).unwrap();
     let e = w["lm_head.weight"].clone();
@@ -55,7 +55,7 @@ pub(crate) fn model_with_dropout(dropout: f64) -> Qwen2 {
         use_rslora: false,
         init_seed: 5,
     };
-    let m = Qwen2::new(&cfg, &w, Some(&lora)).unwrap();
+    let m = Transformer::new(&cfg, &w, Some(&lora)).unwrap();
     // Nonzero B (PEFT leaves it 0) so that every A gets a gradient too.
     let mut rng = ChaCha8Rng::seed_from_u64(3);
     for (name, var) in m.lora_vars() {

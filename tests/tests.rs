@@ -8,6 +8,7 @@ mod distributed;
 mod episode;
 mod eval;
 mod export;
+mod families;
 mod gguf;
 mod grpo_math;
 mod grpo_train;

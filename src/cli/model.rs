@@ -6,6 +6,7 @@ use clap::{Args, Subcommand};
 
 use crate::model::adapter::{init_adapter, InitAdapterOptions};
 use crate::model::tiny::{init_tiny, TinyDType, TinySpec};
+use crate::model::Llama3Rope;
 use crate::model::LoraConfig;
 
 #[derive(Args)]
@@ -60,10 +61,21 @@ pub struct InitTinyArgs {
     /// Output directory (created; existing files of the same names are replaced).
     #[arg(long)]
     pub out: PathBuf,
+    /// Model family: qwen2 (Qwen2.5), qwen3 or llama (Llama 3.x). Each gets its own
+    /// config.json, real tokenizer and chat template.
+    #[arg(long, default_value = "qwen2")]
+    pub family: String,
     /// Base shape: `tiny` (hidden 64, 2 layers, 4/2 heads, MLP 128) or `qwen2.5-0.5b`
     /// (hidden 896, 24 layers, 14/2 heads, MLP 4864). Flags below override it.
     #[arg(long, default_value = "tiny")]
     pub shape: String,
+    /// Per-head width (default hidden / heads; Qwen3 sets its own).
+    #[arg(long)]
+    pub head_dim: Option<usize>,
+    /// Llama 3 RoPE scaling: FACTOR,LOW_FREQ_FACTOR,HIGH_FREQ_FACTOR,ORIGINAL_MAX_POSITIONS
+    /// (Llama 3.2 uses 32,1,4,8192).
+    #[arg(long)]
+    pub rope_scaling: Option<String>,
     /// Hidden size (model width).
     #[arg(long)]
     pub hidden: Option<usize>,
@@ -79,7 +91,8 @@ pub struct InitTinyArgs {
     /// MLP width.
     #[arg(long)]
     pub intermediate: Option<usize>,
-    /// Vocabulary rows (at least the tokenizer's 151,669 ids; default 151,936).
+    /// Vocabulary rows (at least the tokenizer's ids; default Qwen's 151,936 or Llama 3's
+    /// 128,256).
     #[arg(long)]
     pub vocab: Option<usize>,
     /// Seed of the random weights (same seed, same checkpoint).
@@ -117,7 +130,14 @@ impl InitTinyArgs {
         set(self.heads, &mut spec.heads);
         set(self.kv_heads, &mut spec.kv_heads);
         set(self.intermediate, &mut spec.intermediate);
-        set(self.vocab, &mut spec.vocab);
+        spec.family = self.family.parse()?;
+        spec.vocab = self.vocab;
+        spec.head_dim = self.head_dim;
+        spec.rope_scaling = self
+            .rope_scaling
+            .as_deref()
+            .map(parse_rope_scaling)
+            .transpose()?;
         spec.seed = self.seed;
         spec.dtype = self.dtype.parse::<TinyDType>()?;
         if self.no_tie {
@@ -129,6 +149,26 @@ impl InitTinyArgs {
         spec.validate()?;
         Ok(spec)
     }
+}
+
+/// `--rope-scaling FACTOR,LOW,HIGH,ORIGINAL`.
+fn parse_rope_scaling(s: &str) -> Result<Llama3Rope> {
+    let parts: Vec<&str> = s.split(',').map(str::trim).collect();
+    let bad = || {
+        anyhow::anyhow!("--rope-scaling {s:?}: expected FACTOR,LOW_FREQ_FACTOR,HIGH_FREQ_FACTOR,ORIGINAL_MAX_POSITIONS")
+    };
+    let [f, lo, hi, orig] = parts[..] else {
+        return Err(bad());
+    };
+    let num = |x: &str| x.parse::<f64>().map_err(|_| bad());
+    let r = Llama3Rope {
+        factor: num(f)?,
+        low_freq_factor: num(lo)?,
+        high_freq_factor: num(hi)?,
+        original_max_position_embeddings: orig.parse().map_err(|_| bad())?,
+    };
+    r.validate()?;
+    Ok(r)
 }
 
 pub fn run(args: ModelArgs) -> Result<()> {
@@ -165,17 +205,18 @@ pub fn run(args: ModelArgs) -> Result<()> {
                 .map(|m| m.len())
                 .sum();
             crate::note!(
-                "wrote {} files ({:.1} MB) to {}: hidden {}, {} layers, {}/{} heads, MLP {}, \
+                "wrote {} files ({:.1} MB) to {}: {}, hidden {}, {} layers, {}/{} heads, MLP {}, \
                  vocab {}, {:?}, tied {}, seed {}",
                 files.len(),
                 bytes as f64 / 1e6,
                 a.out.display(),
+                spec.family,
                 spec.hidden,
                 spec.layers,
                 spec.heads,
                 spec.kv_heads,
                 spec.intermediate,
-                spec.vocab,
+                spec.vocab(),
                 spec.dtype,
                 spec.tie,
                 spec.seed

@@ -176,6 +176,7 @@ impl Config {
             lora: Some(self.lora_config()),
             adapter: self.model.adapter.clone(),
             init_tiny: self.model.init_tiny,
+            chat_template_kwargs: self.model.template_kwargs()?,
             ..ModelSpec::new(&self.model.name, self.model.candle_device()?)
         })
     }

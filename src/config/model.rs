@@ -5,6 +5,7 @@ use super::locate::ValidationError;
 use crate::model::lora::LORA_TARGETS;
 use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 /// Parameter / compute dtype.
@@ -56,6 +57,11 @@ pub struct ModelConfig {
     /// LoRA: its adapter_config.json replaces the `[lora]` shape keys.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub adapter: Option<PathBuf>,
+    /// Extra chat-template variables (TRL's `chat_template_kwargs`), over Concord's
+    /// defaults `enable_thinking = false` (Qwen3 answers without a reasoning trace) and
+    /// `date_string = "26 Jul 2024"` (Llama 3's system prompt does not change by day).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub chat_template_kwargs: BTreeMap<String, toml::Value>,
 }
 
 impl Default for ModelConfig {
@@ -67,11 +73,24 @@ impl Default for ModelConfig {
             device: "cpu".into(),
             init_tiny: false,
             adapter: None,
+            chat_template_kwargs: BTreeMap::new(),
         }
     }
 }
 
 impl ModelConfig {
+    /// `chat_template_kwargs` as the JSON values a template sees.
+    pub fn template_kwargs(&self) -> Result<BTreeMap<String, serde_json::Value>> {
+        self.chat_template_kwargs
+            .iter()
+            .map(|(k, v)| {
+                let j = serde_json::to_value(v)
+                    .with_context(|| format!("[model] chat_template_kwargs.{k}"))?;
+                Ok((k.clone(), j))
+            })
+            .collect()
+    }
+
     /// The candle device named by `device`.
     pub fn candle_device(&self) -> Result<candle_core::Device> {
         parse_device(&self.device)

@@ -9,7 +9,7 @@
 use crate::config::Config;
 use crate::envs::rollout::{self, Policy};
 use crate::envs::{self, BehaviourSummary, EnvFactory, Environment, Recorder};
-use crate::model::qwen2::Qwen2;
+use crate::model::Transformer;
 use crate::rng::mix_seeds as mix;
 use crate::sample::ChooseOn;
 use crate::sample::SamplingParams;
@@ -108,7 +108,7 @@ impl Target {
     /// Play `episodes` held-out episodes from held-out index `first_seed`.
     pub fn play(
         &self,
-        model: &Qwen2,
+        model: &Transformer,
         renderer: &dyn Renderer,
         episodes: usize,
         first_seed: u64,
@@ -123,7 +123,7 @@ impl Target {
     /// a training seed to replay what a step drew.
     pub fn play_seeds(
         &self,
-        model: &Qwen2,
+        model: &Transformer,
         renderer: &dyn Renderer,
         seeds: &[EpisodeSeed],
         params: &SamplingParams,
@@ -195,7 +195,7 @@ pub struct PlayedEpisode {
 /// first gives the trajectory the step sampled first ([`crate::grpo::batch::collect`]
 /// with the same sampling seed).
 pub fn play_trajectories(
-    model: &Qwen2,
+    model: &Transformer,
     renderer: &dyn Renderer,
     task: &EpisodeTask,
     seeds: &[EpisodeSeed],
@@ -280,7 +280,7 @@ fn summarise_trajectories(played: Vec<PlayedEpisode>) -> Outcomes {
 /// off) in every policy seat, `batch` prompts per sampling call: the decision-mode
 /// driver, the one training's model-played draws and continuations use.
 pub fn play(
-    model: &Qwen2,
+    model: &Transformer,
     renderer: &dyn Renderer,
     factory: &dyn EnvFactory,
     seeds: &[EpisodeSeed],

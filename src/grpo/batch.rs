@@ -17,7 +17,7 @@ use super::rollout::Rollout;
 use crate::config::{GrpoConfig, MultiObjectiveAggregation};
 use crate::dist::Dist;
 use crate::envs::{score_decisions_with, Decision, Reward};
-use crate::model::qwen2::Qwen2;
+use crate::model::Transformer;
 use crate::rng::mix_seeds as mix;
 use crate::sample::{self, ChooseOn, Completion, FinishReason, GroupRequest, SamplingParams};
 use crate::task::policy::{ModelPolicy, Progress};
@@ -107,7 +107,7 @@ struct Timing {
 /// process its block of the prompts, the others theirs, gathered.
 #[allow(clippy::too_many_arguments)]
 fn draw(
-    model: &Qwen2,
+    model: &Transformer,
     renderer: &dyn Renderer,
     task: &mut dyn Task,
     g: &GrpoConfig,
@@ -138,7 +138,7 @@ fn draw(
 /// the draw (`first` is `prompts[0]`'s index) samples from episode `p`'s streams of
 /// a seed of its own.
 fn play_to_decisions(
-    model: &Qwen2,
+    model: &Transformer,
     renderer: &dyn Renderer,
     task: &dyn Task,
     g: &GrpoConfig,
@@ -210,7 +210,7 @@ fn gather(
 /// index of `prompts[0]` in the draw.
 #[allow(clippy::too_many_arguments)]
 fn draw_decisions(
-    model: &Qwen2,
+    model: &Transformer,
     renderer: &dyn Renderer,
     task: &mut dyn Task,
     g: &GrpoConfig,
@@ -294,7 +294,7 @@ fn draw_decisions(
 /// continuation of the draw side by side. Continuation `k` of the draw samples from
 /// the streams of episode `first_episode + k`, with `params`' seed.
 fn score(
-    model: &Qwen2,
+    model: &Transformer,
     renderer: &dyn Renderer,
     task: &dyn Task,
     prompts: &[TaskPrompt],
@@ -343,7 +343,7 @@ const CONTINUATION_BATCH: usize = 32;
 /// `first` is the index of `prompts[0]` in the draw.
 #[allow(clippy::too_many_arguments)]
 fn draw_episodes(
-    model: &Qwen2,
+    model: &Transformer,
     renderer: &dyn Renderer,
     task: &dyn Episodes,
     g: &GrpoConfig,
@@ -404,7 +404,7 @@ fn draw_episodes(
 /// returned batch holds every process's groups, so whatever is computed from the batch
 /// is the same on every process and as in one process (`&Dist::single()` otherwise).
 pub fn collect(
-    model: &Qwen2,
+    model: &Transformer,
     renderer: &dyn Renderer,
     task: &mut dyn Task,
     g: &GrpoConfig,

@@ -1,7 +1,8 @@
 //! `concord bench train`: LoRA forward + backward throughput of a `[batch, seq]` batch
 //! (the training half of a GRPO step, without sampling).
 use crate::model::lora::{LoraConfig, LORA_TARGETS};
-use crate::model::qwen2::{Checkpoints, Mode};
+use crate::model::{Checkpoints, Mode};
+use crate::model::{Input, Pass};
 use anyhow::{bail, Context, Result};
 use candle_core::{DType, Device, Tensor};
 use std::time::Instant;
@@ -59,10 +60,8 @@ pub fn bench_train(a: &BenchTrainOptions) -> Result<()> {
     let vars = model.lora_vars();
     let run = || -> Result<()> {
         let ck = a.gradient_checkpointing.then(Checkpoints::new);
-        let hidden = match &ck {
-            Some(ck) => model.forward_checkpointed(&ids, None, Mode::Grad, ck)?,
-            None => model.forward(&ids, None, Mode::Grad)?,
-        };
+        let pass = Pass::checkpointed(Mode::Grad, ck.as_ref());
+        let hidden = model.forward(Input::rows(&ids, None), pass)?.rows;
         let t = a.seq;
         let lp = model.token_logprobs(
             &hidden.narrow(1, 0, t - 1)?,

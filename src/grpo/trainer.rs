@@ -31,7 +31,7 @@ use crate::envs::remote::ConnectionLost;
 use crate::learn::optim::{AdamWParams, LrSchedule};
 use crate::learn::session::{Session, SessionOptions};
 use crate::model::budget::MemoryBudget;
-use crate::model::qwen2::Qwen2;
+use crate::model::Transformer;
 use crate::rng::mix_seeds as mix;
 use crate::run::checkpoint;
 use crate::run::log::{self, StepRow};
@@ -44,7 +44,7 @@ use std::time::Instant;
 
 pub struct Trainer {
     pub cfg: Config,
-    pub model: Qwen2,
+    pub model: Transformer,
     pub renderer: Box<dyn Renderer>,
     /// The curriculum (one open `main` stage without `[[stage]]` tables).
     pub stages: Vec<Stage>,
@@ -72,7 +72,7 @@ impl Trainer {
     /// run. Creates or resumes the run directory.
     pub fn new(
         cfg: Config,
-        model: Qwen2,
+        model: Transformer,
         renderer: Box<dyn Renderer>,
         task: Box<dyn Task>,
         base_model: String,
@@ -90,7 +90,7 @@ impl Trainer {
     /// A trainer over a curriculum ([`crate::curriculum::build`]).
     pub fn with_stages(
         cfg: Config,
-        model: Qwen2,
+        model: Transformer,
         renderer: Box<dyn Renderer>,
         stages: Vec<Stage>,
         base_model: String,
@@ -106,7 +106,7 @@ impl Trainer {
     pub fn with_stages_on(
         dist: Rc<Dist>,
         cfg: Config,
-        mut model: Qwen2,
+        mut model: Transformer,
         renderer: Box<dyn Renderer>,
         stages: Vec<Stage>,
         base_model: String,

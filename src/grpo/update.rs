@@ -36,7 +36,7 @@ use crate::learn::optim::{AdamW, LrSchedule};
 use crate::learn::plan::{deal, plan, MicroBatch, Plan};
 use crate::learn::{pack, Forward, Packed, Sequence};
 use crate::model::budget::{MemoryBudget, TrainMemory};
-use crate::model::qwen2::{Checkpoints, Mode, Qwen2};
+use crate::model::{Checkpoints, Mode, Transformer};
 use crate::rng::mix_seeds as mix;
 use anyhow::Result;
 use candle_core::{DType, Tensor};
@@ -60,7 +60,7 @@ pub struct UpdateStats {
 
 /// The parts of the trainer an update changes or reads.
 pub struct Learner<'a> {
-    pub model: &'a Qwen2,
+    pub model: &'a Transformer,
     pub opt: &'a mut AdamW,
     pub sched: &'a LrSchedule,
     pub pad_id: u32,

@@ -1,11 +1,12 @@
 //! The training forward over a packed micro-batch: completion log-probs (and
 //! entropies) under `softmax(logits / T)`, through the LM head at completion positions
 //! only, in chunks (never `[B, T, vocab]`). With prompt sharing each group's prompt runs
-//! once ([`Qwen2::forward_shared_prefix`]); with activation checkpointing the forward
+//! once ([`Input::Shared`](crate::model::Input::Shared)); with activation checkpointing the forward
 //! keeps only each layer's input ([`Checkpoints`]).
 use super::pack::Packed;
 use crate::model::ops;
-use crate::model::qwen2::{Checkpoints, Mode, Qwen2};
+use crate::model::{Checkpoints, Mode, Transformer};
+use crate::model::{Input, Pass};
 use crate::rng::mix_seeds as mix;
 use anyhow::{bail, Result};
 use candle_core::Tensor;
@@ -15,7 +16,7 @@ use std::ops::Range;
 /// tokens under `softmax(logits / temperature)`, optionally with entropies. Only the
 /// completion positions go through the LM head, in chunks (never `[B, T, vocab]`).
 pub fn completion_logprobs(
-    model: &Qwen2,
+    model: &Transformer,
     p: &Packed,
     mode: Mode,
     temperature: f64,
@@ -28,14 +29,14 @@ pub fn completion_logprobs(
 /// checkpointing the record its backward is finished from.
 #[derive(Clone, Copy)]
 pub struct Forward<'a> {
-    pub model: &'a Qwen2,
+    pub model: &'a Transformer,
     pub mode: Mode,
     pub checkpoints: Option<&'a Checkpoints>,
 }
 
 impl<'a> Forward<'a> {
     /// A plain forward (no checkpointing).
-    pub fn new(model: &'a Qwen2, mode: Mode) -> Self {
+    pub fn new(model: &'a Transformer, mode: Mode) -> Self {
         Forward {
             model,
             mode,
@@ -53,10 +54,12 @@ impl<'a> Forward<'a> {
         let model = self.model;
         let dev = model.device().clone();
         let ids = Tensor::from_vec(p.ids.clone(), (p.rows, p.width), &dev)?;
-        let hidden = match self.checkpoints {
-            Some(ck) => model.forward_checkpointed(&ids, Some(&p.attention), self.mode, ck)?,
-            None => model.forward(&ids, Some(&p.attention), self.mode)?,
-        };
+        let hidden = model
+            .forward(
+                Input::rows(&ids, Some(&p.attention)),
+                Pass::checkpointed(self.mode, self.checkpoints),
+            )?
+            .rows;
         let h = hidden.narrow(1, p.prompt_len - 1, p.comp_len)?;
         let targets = Tensor::from_vec(p.targets.clone(), (p.rows, p.comp_len), &dev)?;
         let out = model.token_logprobs(&h, &targets, temperature, entropy)?;
@@ -107,14 +110,14 @@ fn group_lens(p: &Packed, r: &Range<usize>) -> (usize, usize) {
 
 /// [`completion_logprobs`] for a micro-batch whose rows form groups sharing one prompt:
 /// `groups` are row ranges of `p` (together all its rows, in order) and every row of a
-/// range must carry the same prompt. Each group runs [`Qwen2::forward_shared_prefix`]:
+/// range must carry the same prompt. Each group runs [`Input::Shared`](crate::model::Input::Shared):
 /// its prompt once, its completions (all but their last token, whose hidden state
 /// scores nothing) against the prompt's keys/values. Returns the same `[B, comp_len]`
 /// log-probs (and entropies) as [`completion_logprobs`], zero in columns past a group's
 /// longest completion (masked out by the loss). `Mode::Train`'s dropout seed is mixed
 /// with the group's index.
 pub fn completion_logprobs_shared(
-    model: &Qwen2,
+    model: &Transformer,
     p: &Packed,
     groups: &[Range<usize>],
     mode: Mode,
@@ -186,22 +189,19 @@ fn shared(
                 mask.extend_from_slice(&p.attention[s..s + cin]);
             }
             let ids = Tensor::from_vec(ids, (g, cin), &dev)?;
-            let (hp, hc) = match f.checkpoints {
-                Some(ck) => model.forward_shared_prefix_checkpointed(
-                    &prompt_t,
-                    &ids,
-                    Some(&mask),
-                    gmode,
-                    ck,
-                )?,
-                None => model.forward_shared_prefix(&prompt_t, &ids, Some(&mask), gmode)?,
-            };
-            ops::prefix_cat(&hp.narrow(1, plen - 1, 1)?, &hc, 1)?
+            let input = Input::shared(&prompt_t, &ids, Some(&mask));
+            let h = model.forward(input, Pass::checkpointed(gmode, f.checkpoints))?;
+            let hp = h
+                .prompt
+                .ok_or_else(|| anyhow::anyhow!("a shared forward returns its prompt"))?;
+            ops::prefix_cat(&hp.narrow(1, plen - 1, 1)?, &h.rows, 1)?
         } else {
-            let hp = match f.checkpoints {
-                Some(ck) => model.forward_checkpointed(&prompt_t, None, gmode, ck)?,
-                None => model.forward(&prompt_t, None, gmode)?,
-            };
+            let hp = model
+                .forward(
+                    Input::rows(&prompt_t, None),
+                    Pass::checkpointed(gmode, f.checkpoints),
+                )?
+                .rows;
             let hid = hp.dim(2)?;
             hp.narrow(1, plen - 1, 1)?.broadcast_as((g, 1, hid))?
         };

@@ -5,7 +5,7 @@
 //! state, with the logs cut back to it) and saves checkpoints. A step's gradients go
 //! to its optimizer through [`AdamW::apply`].
 use super::optim::{AdamW, AdamWParams};
-use crate::model::qwen2::Qwen2;
+use crate::model::Transformer;
 use crate::run::checkpoint::{self, TrainerState};
 use crate::run::log;
 use anyhow::{bail, Context, Result};
@@ -40,7 +40,7 @@ pub struct Session {
 
 impl Session {
     /// Create or resume the run directory for training `model`'s LoRA variables.
-    pub fn open(model: &mut Qwen2, o: SessionOptions) -> Result<Self> {
+    pub fn open(model: &mut Transformer, o: SessionOptions) -> Result<Self> {
         std::fs::create_dir_all(&o.run_dir)
             .with_context(|| format!("creating {}", o.run_dir.display()))?;
         let latest = match o.resume {
@@ -91,7 +91,7 @@ impl Session {
 
     /// Write `checkpoint-STEP/` (adapter, optimizer, state) and the run's top-level
     /// adapter. Only the writing process may call it.
-    pub fn save(&self, model: &Qwen2) -> Result<PathBuf> {
+    pub fn save(&self, model: &Transformer) -> Result<PathBuf> {
         if !self.writes {
             bail!("only the process that writes the run directory saves checkpoints");
         }
@@ -104,7 +104,7 @@ impl Session {
     }
 
     /// The run's top-level adapter (the end of a run).
-    pub fn save_adapter(&self, model: &Qwen2) -> Result<()> {
+    pub fn save_adapter(&self, model: &Transformer) -> Result<()> {
         model.save_adapter(&self.run_dir, &self.base_model)
     }
 }

@@ -37,7 +37,7 @@ pub fn init_adapter(opts: &InitAdapterOptions) -> Result<()> {
             if name.contains("lora_B") {
                 let n = var.elem_count();
                 let vals: Vec<f32> = (0..n)
-                    .map(|_| (opts.b_std * super::qwen2::normal(&mut rng) as f64) as f32)
+                    .map(|_| (opts.b_std * super::weights::normal(&mut rng) as f64) as f32)
                     .collect();
                 let t = Tensor::from_vec(vals, var.dims(), &device)?;
                 var.set(&t)?;

@@ -6,7 +6,7 @@
 //! # Training memory
 //!
 //! [`TrainMemory::estimate`] predicts the peak memory of one training forward + backward
-//! of our Qwen2 ([`super::qwen2`], LoRA from [`super::lora`], the custom ops of
+//! of our transformer ([`super::transformer`], LoRA from [`super::lora`], the custom ops of
 //! [`super::ops`]) before anything is allocated, so that the trainer can cut
 //! micro-batches to a budget (`[optim] memory_budget_gb`). It counts what the graph
 //! keeps alive until the backward ends. With `H` hidden, `Q = heads x head_dim`,
@@ -29,7 +29,7 @@
 //!   and one log-prob chunk's logits `12 c V` (`c` = positions per chunk), plus the
 //!   residual stream's gradients `16 n H + 8 m H`.
 //!
-//! A shared-prompt group ([`super::qwen2::Qwen2::forward_shared_prefix`], `P` prompt
+//! A shared-prompt group ([`super::Input::Shared`], `P` prompt
 //! tokens, `G` completions of `C` scored tokens) is two streams: the prompt (`n = P`,
 //! `k = P`) and the completions (`n = G (C-1)`, `k = P + C - 1`), plus per layer the
 //! prompt keys/values broadcast to every row, `2 G (P + C - 1) K s`. The groups of a
@@ -42,7 +42,7 @@
 //! measured against peak RSS (see the constant). Model weights are not part of it: the budget's default is taken from
 //! the memory still available once the model is loaded.
 use super::lora::{LoraConfig, LORA_TARGETS};
-use super::qwen2::{Qwen2, Qwen2Config};
+use super::{ArchConfig, Transformer};
 use anyhow::{bail, Result};
 use candle_core::{DType, Device};
 
@@ -66,7 +66,7 @@ fn gib(b: f64) -> String {
 }
 
 /// Bytes of the KV cache for `rows` sequences of `len` tokens.
-pub fn kv_cache_bytes(cfg: &Qwen2Config, rows: usize, len: usize, dtype: DType) -> f64 {
+pub fn kv_cache_bytes(cfg: &ArchConfig, rows: usize, len: usize, dtype: DType) -> f64 {
     rows as f64
         * len as f64
         * cfg.num_hidden_layers as f64
@@ -77,7 +77,7 @@ pub fn kv_cache_bytes(cfg: &Qwen2Config, rows: usize, len: usize, dtype: DType) 
 }
 
 /// Fail unless `len` positions fit the model (`what` names the flag or key).
-pub fn check_positions(cfg: &Qwen2Config, len: usize, what: &str) -> Result<()> {
+pub fn check_positions(cfg: &ArchConfig, len: usize, what: &str) -> Result<()> {
     if len > cfg.max_position_embeddings {
         bail!(
             "{what}: {len} positions exceed the model's max_position_embeddings ({})",
@@ -109,7 +109,7 @@ pub fn check_memory(bytes: f64, device: &Device, what: &str) -> Result<()> {
 /// Sampling `rows` completions of up to `new_tokens` after prompts of up to
 /// `prompt_len` tokens: positions and KV cache + one step's logits per row.
 pub fn check_sampling(
-    cfg: &Qwen2Config,
+    cfg: &ArchConfig,
     device: &Device,
     dtype: DType,
     rows: usize,
@@ -126,7 +126,7 @@ pub fn check_sampling(
 /// Scoring (or training on) `rows` sequences of `len` tokens in one forward pass:
 /// positions, then the logits and log-softmax rows (the largest tensors by far).
 pub fn check_scoring(
-    cfg: &Qwen2Config,
+    cfg: &ArchConfig,
     device: &Device,
     rows: usize,
     len: usize,
@@ -214,7 +214,7 @@ impl MemoryEstimate {
 /// What the training memory of a model depends on besides the batch's shape.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TrainMemory {
-    cfg: Qwen2Config,
+    cfg: ArchConfig,
     /// Bytes per element of the model dtype.
     elem: f64,
     /// Summed input widths of the LoRA-targeted modules when LoRA dropout is on.
@@ -232,7 +232,7 @@ struct Stream {
 impl TrainMemory {
     /// The estimator for `model` (its shape, dtype, adapter and log-prob chunk), with
     /// or without gradient checkpointing.
-    pub fn new(model: &Qwen2, checkpointing: bool) -> Self {
+    pub fn new(model: &Transformer, checkpointing: bool) -> Self {
         Self::from_config(
             model.config(),
             model.dtype(),
@@ -245,7 +245,7 @@ impl TrainMemory {
     /// The estimator for a model of shape `cfg` in `dtype` with adapter `lora`, scoring
     /// `logprob_chunk` positions per LM-head chunk.
     pub fn from_config(
-        cfg: &Qwen2Config,
+        cfg: &ArchConfig,
         dtype: DType,
         lora: Option<&LoraConfig>,
         logprob_chunk: usize,
@@ -295,6 +295,8 @@ impl TrainMemory {
         let q = nh * c.head_dim as f64;
         let k = (c.num_key_value_heads * c.head_dim) as f64;
         let i = c.intermediate_size as f64;
+        // Qwen3 keeps its head-normed queries and keys as well.
+        let qk_norm = if c.family.qk_norm() { q + k } else { 0.0 };
         let (streams, scored, kv_cat) = match shape {
             TrainShape::Packed {
                 rows,
@@ -329,7 +331,9 @@ impl TrainMemory {
         let layer: f64 = streams
             .iter()
             .map(|st| {
-                st.tokens * ((6.0 * h + 5.0 * q + 5.0 * k + 3.0 * i) * s + 4.0 * self.dropout_in)
+                st.tokens
+                    * ((6.0 * h + 5.0 * q + 5.0 * k + 3.0 * i + qk_norm) * s
+                        + 4.0 * self.dropout_in)
                     + 2.0 * st.tokens * st.keys * nh * s
             })
             .sum::<f64>()
@@ -481,7 +485,7 @@ mod tests {
 
     #[test]
     fn too_long_and_too_big_are_errors() {
-        let c = Qwen2Config::tiny();
+        let c = ArchConfig::tiny();
         let e = check_positions(&c, 5000, "--max-new-tokens").unwrap_err();
         assert!(
             e.to_string().contains("max_position_embeddings (4096)"),
@@ -494,8 +498,8 @@ mod tests {
     }
 
     fn qwen05(checkpointing: bool) -> TrainMemory {
-        let c = Qwen2Config::qwen25_05b();
-        let chunk = super::super::qwen2::default_logprob_chunk(c.vocab_size);
+        let c = ArchConfig::qwen25_05b();
+        let chunk = crate::model::transformer::default_logprob_chunk(c.vocab_size);
         TrainMemory::from_config(
             &c,
             DType::F32,

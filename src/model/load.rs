@@ -8,9 +8,10 @@ use candle_core::{DType, Device};
 
 use super::generation::GenerationConfig;
 use super::lora::LoraConfig;
-use super::qwen2::{Qwen2, Qwen2Config};
 use super::tiny::{init_tiny, TinySpec};
-use super::tokenizer::{IdRenderer, Renderer, Tokenizer};
+use super::tokenizer::{default_template_kwargs, IdRenderer, Renderer, Tokenizer};
+use super::{ArchConfig, Transformer};
+use std::collections::BTreeMap;
 
 pub use super::checkpoint::*;
 
@@ -37,33 +38,53 @@ pub fn load_checkpoint(
 /// no files, no tokenizer: benchmarks).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BuiltinShape {
-    /// [`Qwen2Config::tiny`]: hidden 64, 2 layers, vocabulary 512.
+    /// [`ArchConfig::tiny`]: a Qwen2 of hidden 64, 2 layers, vocabulary 512.
     Tiny,
-    /// [`Qwen2Config::qwen25_05b`]: Qwen2.5-0.5B's shape.
+    /// [`ArchConfig::qwen25_05b`]: Qwen2.5-0.5B's shape.
     Qwen25_05B,
+    /// [`ArchConfig::qwen3_06b`]: Qwen3-0.6B's shape.
+    Qwen3_06B,
+    /// [`ArchConfig::qwen3_4b`]: Qwen3-4B's shape.
+    Qwen3_4B,
+    /// [`ArchConfig::llama32_1b`]: Llama-3.2-1B's shape.
+    Llama32_1B,
 }
 
 impl BuiltinShape {
-    /// `tiny` or `qwen2.5-0.5b` (canonical); `0.5b` is accepted as an alias of the latter.
+    pub const ALL: [BuiltinShape; 5] = [
+        Self::Tiny,
+        Self::Qwen25_05B,
+        Self::Qwen3_06B,
+        Self::Qwen3_4B,
+        Self::Llama32_1B,
+    ];
+
+    /// The canonical names; `0.5b` is accepted as an alias of `qwen2.5-0.5b`.
     pub fn parse(s: &str) -> Option<Self> {
-        match s.trim().to_ascii_lowercase().as_str() {
-            "tiny" => Some(Self::Tiny),
-            "qwen2.5-0.5b" | "0.5b" => Some(Self::Qwen25_05B),
-            _ => None,
+        let s = s.trim().to_ascii_lowercase();
+        if s == "0.5b" {
+            return Some(Self::Qwen25_05B);
         }
+        Self::ALL.into_iter().find(|b| b.name() == s)
     }
 
     pub fn name(self) -> &'static str {
         match self {
             Self::Tiny => "tiny",
             Self::Qwen25_05B => "qwen2.5-0.5b",
+            Self::Qwen3_06B => "qwen3-0.6b",
+            Self::Qwen3_4B => "qwen3-4b",
+            Self::Llama32_1B => "llama3.2-1b",
         }
     }
 
-    pub fn config(self) -> Qwen2Config {
+    pub fn config(self) -> ArchConfig {
         match self {
-            Self::Tiny => Qwen2Config::tiny(),
-            Self::Qwen25_05B => Qwen2Config::qwen25_05b(),
+            Self::Tiny => ArchConfig::tiny(),
+            Self::Qwen25_05B => ArchConfig::qwen25_05b(),
+            Self::Qwen3_06B => ArchConfig::qwen3_06b(),
+            Self::Qwen3_4B => ArchConfig::qwen3_4b(),
+            Self::Llama32_1B => ArchConfig::llama32_1b(),
         }
     }
 }
@@ -76,12 +97,13 @@ pub const RANDOM_PREFIX: &str = "random:";
 #[derive(Debug, Clone)]
 pub struct ModelSpec {
     /// A local checkpoint directory, a Hub id (`Qwen/Qwen2.5-0.5B-Instruct[@revision]`),
-    /// or `random:SHAPE` (`random:tiny`, `random:qwen2.5-0.5b`, alias `random:0.5b`):
+    /// or `random:SHAPE` (`random:tiny`, `random:qwen2.5-0.5b` (alias `random:0.5b`), `random:qwen3-0.6b`,
+    /// `random:qwen3-4b`, `random:llama3.2-1b`):
     /// random weights (seed 0) of a built-in shape, without tokenizer.
     pub name: String,
     /// Compute dtype; None: f32 for `random:` models, else [`default_dtype`] of `device`.
     pub dtype: Option<DType>,
-    /// Storage dtype of the frozen base matrices ([`Qwen2::set_base_dtype`]); None: the
+    /// Storage dtype of the frozen base matrices ([`Transformer::set_base_dtype`]); None: the
     /// compute dtype.
     pub base_dtype: Option<DType>,
     pub device: Device,
@@ -93,6 +115,8 @@ pub struct ModelSpec {
     /// Write the built-in tiny checkpoint ([`TinySpec::default`]) at `name` first when
     /// that directory has no config.json.
     pub init_tiny: bool,
+    /// Chat-template variables over [`default_template_kwargs`] (`enable_thinking`, ...).
+    pub chat_template_kwargs: BTreeMap<String, serde_json::Value>,
 }
 
 impl ModelSpec {
@@ -106,6 +130,7 @@ impl ModelSpec {
             lora: None,
             adapter: None,
             init_tiny: false,
+            chat_template_kwargs: BTreeMap::new(),
         }
     }
 
@@ -113,19 +138,23 @@ impl ModelSpec {
     pub fn random_shape(&self) -> Result<Option<BuiltinShape>> {
         match self.name.strip_prefix(RANDOM_PREFIX) {
             None => Ok(None),
-            Some(shape) => BuiltinShape::parse(shape)
-                .map(Some)
-                .ok_or_else(|| anyhow!("unknown random model {shape:?} (tiny or qwen2.5-0.5b)")),
+            Some(shape) => BuiltinShape::parse(shape).map(Some).ok_or_else(|| {
+                let names: Vec<&str> = BuiltinShape::ALL.iter().map(|b| b.name()).collect();
+                anyhow!(
+                    "unknown random model {shape:?} (one of {})",
+                    names.join(", ")
+                )
+            }),
         }
     }
 }
 
-/// A loaded model: our Qwen2 (with LoRA when asked), its tokenizer and generation config.
+/// A loaded model: our transformer (with LoRA when asked), its tokenizer and generation config.
 pub struct LoadedModel {
     /// [`ModelSpec::name`].
     pub name: String,
-    pub config: Qwen2Config,
-    pub model: Qwen2,
+    pub config: ArchConfig,
+    pub model: Transformer,
     /// None for `random:` models.
     pub tokenizer: Option<Tokenizer>,
     /// Empty (all defaults) for `random:` models.
@@ -193,7 +222,7 @@ fn check_empty_for_init_tiny(dir: &Path) -> Result<()> {
 /// renderer: a model without one is an error that says what to give instead. Notes on
 /// stderr when `spec.adapter`'s shape replaces `spec.lora`'s (PEFT's rule: the
 /// adapter's adapter_config.json shapes it).
-pub fn load_with_renderer(spec: &ModelSpec) -> Result<(Qwen2, Box<dyn Renderer>)> {
+pub fn load_with_renderer(spec: &ModelSpec) -> Result<(Transformer, Box<dyn Renderer>)> {
     let m = load_model(spec)?;
     if let (Some(dir), Some(got), Some(want)) = (&spec.adapter, m.model.lora_config(), &spec.lora) {
         let shape = |c: &LoraConfig| {
@@ -242,8 +271,8 @@ pub fn load_model(spec: &ModelSpec) -> Result<LoadedModel> {
             let config = shape.config();
             let dtype = spec.dtype.unwrap_or(DType::F32);
             check_dtype_supported(dtype, &spec.device)?;
-            let w = super::qwen2::random_weights(&config, 0, dtype, &spec.device)?;
-            let model = Qwen2::new(&config, &w, spec.lora.as_ref())
+            let w = super::random_weights(&config, 0, dtype, &spec.device)?;
+            let model = Transformer::new(&config, &w, spec.lora.as_ref())
                 .with_context(|| format!("building the model {name}"))?;
             LoadedModel {
                 name: name.clone(),
@@ -265,7 +294,7 @@ pub fn load_model(spec: &ModelSpec) -> Result<LoadedModel> {
             let mref = ModelRef::parse(name)?;
             let ck = load_checkpoint(&mref, spec.dtype, &spec.device)
                 .with_context(|| format!("loading model {name}"))?;
-            let model = Qwen2::new(&ck.config, &ck.weights, spec.lora.as_ref())
+            let model = Transformer::new(&ck.config, &ck.weights, spec.lora.as_ref())
                 .with_context(|| format!("building the model from {mref}"))?;
             LoadedModel {
                 name: name.clone(),
@@ -286,6 +315,11 @@ pub fn load_model(spec: &ModelSpec) -> Result<LoadedModel> {
                 .set_base_dtype(bd)
                 .with_context(|| format!("storing the base of {name} in {bd:?}"))?;
         }
+    }
+    if let Some(tok) = m.tokenizer.as_mut() {
+        let mut kwargs = default_template_kwargs();
+        kwargs.extend(spec.chat_template_kwargs.clone());
+        tok.set_template_kwargs(kwargs);
     }
     if let Some(dir) = &spec.adapter {
         m.model

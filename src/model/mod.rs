@@ -1,9 +1,11 @@
-//! Qwen2 with LoRA adapters: our own differentiable implementation, checkpoint
-//! loading, tokenizer and chat template. The bottom of the house: nothing here knows an
-//! environment, a trainer, the sampler or the run configuration.
+//! The model: our own differentiable decoder (Transformer, Qwen3, Llama 3) with LoRA
+//! adapters, checkpoint loading, tokenizer and chat template. The bottom of the house:
+//! nothing here knows an environment, a trainer, the sampler or the run configuration.
 //!
-//! - [`qwen2`], [`lora`], [`ops`], [`skinny`]: the network and its custom ops;
-//!   [`recompute`]: activation checkpointing for its training forward;
+//! - [`arch`]: which family a checkpoint is and its hyper-parameters ([`ArchConfig`]);
+//! - [`transformer`]: the network ([`Transformer`]) and its one forward; [`lora`],
+//!   [`ops`], [`skinny`]: the adapters and the custom ops it is built from;
+//! - [`weights`]: tensors by Hugging Face name, random or loaded;
 //! - [`load`]: the one way to get a model ([`load::load_model`] over a [`load::ModelSpec`]);
 //!   [`checkpoint`] reads safetensors checkpoints (local or Hub) and [`gguf`] llama.cpp /
 //!   Ollama `.gguf` files for it;
@@ -14,6 +16,7 @@
 //! - [`budget`]: positions and memory checked before a sampling, scoring or training call
 //!   allocates (the training-memory estimate behind `[optim] memory_budget_gb`).
 pub mod adapter;
+pub mod arch;
 pub mod budget;
 pub mod checkpoint;
 pub mod generation;
@@ -21,13 +24,18 @@ pub mod gguf;
 pub mod load;
 pub mod lora;
 pub mod ops;
-pub mod qwen2;
-pub mod recompute;
 pub mod score;
 pub mod skinny;
 pub mod tiny;
 pub mod tokenizer;
+pub mod transformer;
+pub mod weights;
 
+pub use arch::{ArchConfig, Family, Llama3Rope, RopeScaling};
 pub use lora::{LoraConfig, LORA_TARGETS};
-pub use qwen2::{random_weights, KvCache, Mode, Qwen2, Qwen2Config, TokenLogProbs, Weights};
 pub use score::score;
+pub use transformer::{
+    default_logprob_chunk, Checkpoints, Hidden, Input, KvCache, Mode, Pass, RowKv, TokenLogProbs,
+    Transformer,
+};
+pub use weights::{random_weights, Weights};

@@ -26,8 +26,9 @@ use rand_chacha::ChaCha8Rng;
 
 use super::{reuse, ChooseOn, DeviceSampler, PromptKv, RowSampler, SampleStats, SamplingParams};
 use super::{stop::StopMatcher, Choice};
-use crate::model::qwen2::{KvCache, Qwen2};
 use crate::model::tokenizer::Renderer;
+use crate::model::{Input, Mode};
+use crate::model::{KvCache, Transformer};
 
 /// How a row's model turn ended.
 #[derive(Debug, Clone, PartialEq)]
@@ -144,7 +145,7 @@ struct Row {
 
 /// Sample every row of `setup` to its end, asking `source` whenever model turns end.
 pub(crate) fn run(
-    model: &Qwen2,
+    model: &Transformer,
     renderer: &dyn Renderer,
     params: &SamplingParams,
     setup: Setup,
@@ -162,7 +163,7 @@ pub(crate) fn run(
 }
 
 struct Engine<'a> {
-    model: &'a Qwen2,
+    model: &'a Transformer,
     renderer: &'a dyn Renderer,
     params: &'a SamplingParams,
     rows: Vec<Row>,
@@ -177,7 +178,7 @@ struct Engine<'a> {
 
 impl<'a> Engine<'a> {
     fn new(
-        model: &'a Qwen2,
+        model: &'a Transformer,
         renderer: &'a dyn Renderer,
         params: &'a SamplingParams,
         setup: &Setup,
@@ -429,9 +430,13 @@ impl<'a> Engine<'a> {
         }
         let all_real = mask.iter().all(|&m| m != 0);
         let ids_t = Tensor::from_vec(ids, (n, width), self.model.device())?;
-        let hidden =
-            self.model
-                .forward_cached(&ids_t, (!all_real).then_some(&mask[..]), &mut cache)?;
+        let hidden = self
+            .model
+            .forward(
+                Input::cached(&ids_t, (!all_real).then_some(&mask[..]), &mut cache),
+                Mode::Detached,
+            )?
+            .rows;
         self.cache = Some(cache);
         self.stats.decode_steps += 1;
         self.stats.row_steps += n * width;

@@ -20,8 +20,9 @@
 use candle_core::Tensor;
 use serde::Serialize;
 
-use crate::model::qwen2::Qwen2;
 use crate::model::tokenizer::Renderer;
+use crate::model::Transformer;
+use crate::model::{Input, Mode};
 
 mod device;
 mod engine;
@@ -85,7 +86,7 @@ impl SampleStats {
 /// G completions for each prompt: prompt `i`'s completion `j` uses RNG stream
 /// `(seed, i, j)`. Returns one `Vec<Completion>` (length `g`) per prompt.
 pub fn sample_groups(
-    model: &Qwen2,
+    model: &Transformer,
     tokenizer: &dyn Renderer,
     prompts: &[Vec<u32>],
     g: usize,
@@ -97,7 +98,7 @@ pub fn sample_groups(
 
 /// [`sample_groups`] plus timing counters.
 pub fn sample_groups_with_stats(
-    model: &Qwen2,
+    model: &Transformer,
     tokenizer: &dyn Renderer,
     prompts: &[Vec<u32>],
     g: usize,
@@ -150,7 +151,7 @@ impl ChooseOn {
 /// all completions decode together, one token per step, with finished rows dropped
 /// from the batch. Detached throughout (no autograd graph).
 pub fn sample_requests(
-    model: &Qwen2,
+    model: &Transformer,
     tokenizer: &dyn Renderer,
     requests: &[GroupRequest],
     params: &SamplingParams,
@@ -161,7 +162,7 @@ pub fn sample_requests(
 
 /// [`sample_requests`] with the token choice made where `choose_on` says.
 pub fn sample_requests_on(
-    model: &Qwen2,
+    model: &Transformer,
     tokenizer: &dyn Renderer,
     requests: &[GroupRequest],
     params: &SamplingParams,
@@ -181,7 +182,7 @@ pub type Reused = (Vec<Vec<Completion>>, SampleStats, Vec<Option<PromptKv>>);
 /// prompt of its session, returned by the previous call). Completions are those of a
 /// full prefill, up to float rounding.
 pub fn sample_requests_reusing(
-    model: &Qwen2,
+    model: &Transformer,
     tokenizer: &dyn Renderer,
     requests: &[GroupRequest],
     priors: &[Option<&PromptKv>],
@@ -209,7 +210,7 @@ pub fn sample_requests_reusing(
 /// Single-turn sampling on the one engine ([`engine`]): each request's completions
 /// are rows of its prompt that end at their first turn.
 fn sample_core(
-    model: &Qwen2,
+    model: &Transformer,
     tokenizer: &dyn Renderer,
     requests: &[GroupRequest],
     priors: Option<&[Option<&PromptKv>]>,
@@ -276,11 +277,11 @@ fn completion(
 /// attended to, and RoPE positions count real tokens only). Returns the cache (room
 /// for `extra` more columns) and every prompt's last-position logits.
 pub(crate) fn prefill_shared(
-    model: &Qwen2,
+    model: &Transformer,
     prompts: &[&[u32]],
     extra: usize,
     stats: &mut SampleStats,
-) -> anyhow::Result<(crate::model::qwen2::KvCache, Tensor)> {
+) -> anyhow::Result<(crate::model::KvCache, Tensor)> {
     let device = model.device().clone();
     let lmax = prompts.iter().map(|pr| pr.len()).max().unwrap_or(1);
     let shared = shared_prefix_len(prompts);
@@ -292,18 +293,27 @@ pub(crate) fn prefill_shared(
         stats.shared_prefix_tokens = shared * (p - 1);
         let mut one = model.new_cache(1, lmax + extra)?;
         let prefix = Tensor::from_vec(prompts[0][..shared].to_vec(), (1, shared), &device)?;
-        drop(model.forward_cached(&prefix, None, &mut one)?);
+        drop(
+            model
+                .forward(Input::cached(&prefix, None, &mut one), Mode::Detached)?
+                .rows,
+        );
         one.select_rows(&vec![0; p])?
     } else {
         model.new_cache(p, lmax + extra)?
     };
     let ids_t = Tensor::from_vec(ids, (p, smax), &device)?;
     let all_real = mask.iter().all(|&m| m != 0);
-    let hidden = model.forward_cached(
-        &ids_t,
-        if all_real { None } else { Some(&mask) },
-        &mut cache,
-    )?;
+    let hidden = model
+        .forward(
+            Input::cached(
+                &ids_t,
+                if all_real { None } else { Some(&mask) },
+                &mut cache,
+            ),
+            Mode::Detached,
+        )?
+        .rows;
     let logits = model.last_logits(&hidden)?;
     Ok((cache, logits))
 }

@@ -8,7 +8,8 @@
 //! at the same positions), so this is the computation of a full prefill, reordered.
 
 use super::SampleStats;
-use crate::model::qwen2::{KvCache, Qwen2, RowKv};
+use crate::model::{Input, Mode};
+use crate::model::{KvCache, RowKv, Transformer};
 use candle_core::Tensor;
 
 /// A prompt's tokens and the keys and values of all of them, kept for the next prompt
@@ -36,7 +37,7 @@ pub fn reusable(prior: Option<&PromptKv>, prompt: &[u32]) -> usize {
 /// left-padded batch; returns the cache (room for `extra` more columns after the
 /// prompts) and the last-position logits of every prompt.
 pub fn prefill_continuing(
-    model: &Qwen2,
+    model: &Transformer,
     prompts: &[&[u32]],
     priors: &[Option<&PromptKv>],
     extra: usize,
@@ -60,7 +61,12 @@ pub fn prefill_continuing(
     let b = prompts.len();
     let ids_t = Tensor::from_vec(ids, (b, smax), model.device())?;
     let all_real = mask.iter().all(|&m| m != 0);
-    let hidden = model.forward_cached(&ids_t, (!all_real).then_some(&mask[..]), &mut cache)?;
+    let hidden = model
+        .forward(
+            Input::cached(&ids_t, (!all_real).then_some(&mask[..]), &mut cache),
+            Mode::Detached,
+        )?
+        .rows;
     let logits = model.last_logits(&hidden)?;
     Ok((cache, logits))
 }

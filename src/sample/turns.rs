@@ -29,8 +29,8 @@ use anyhow::Result;
 
 use super::engine::{Setup, Trajectory, TurnSource};
 use super::{row_rng, ChooseOn, SampleStats, SamplingParams};
-use crate::model::qwen2::Qwen2;
 use crate::model::tokenizer::Renderer;
+use crate::model::Transformer;
 
 /// One conversation to sample: its prompt (an index into the prompt list) and its RNG
 /// stream `row_rng(seed, stream.0, stream.1)`.
@@ -44,7 +44,7 @@ pub struct TurnRow {
 /// engine (`super::engine`); returns the trajectories in row order.
 #[allow(clippy::too_many_arguments)]
 pub fn sample_turns(
-    model: &Qwen2,
+    model: &Transformer,
     renderer: &dyn Renderer,
     prompts: &[Vec<u32>],
     rows: &[TurnRow],

@@ -5,7 +5,7 @@
 //! tokens, averaged over every completion token of the step's batch. With gradient
 //! accumulation the divisor is the whole batch's count (transformers'
 //! `num_items_in_batch`), so the micro-batch gradients add up to the full-batch one.
-use crate::model::qwen2::Qwen2;
+use crate::model::Transformer;
 use anyhow::Result;
 use candle_core::{DType, Tensor, D};
 
@@ -23,7 +23,12 @@ const ARGMAX_CHUNK: usize = 64;
 /// How many masked positions predict their target: `hidden` `[B, T, H]` (detached use
 /// only), `targets` `[B, T]` u32, `mask` `[B*T]`. The argmax is taken over chunks of
 /// [`ARGMAX_CHUNK`] positions' logits, so at most `[64, vocab]` exist at once.
-pub fn token_hits(model: &Qwen2, hidden: &Tensor, targets: &[u32], mask: &[f32]) -> Result<usize> {
+pub fn token_hits(
+    model: &Transformer,
+    hidden: &Tensor,
+    targets: &[u32],
+    mask: &[f32],
+) -> Result<usize> {
     let (b, t, h) = hidden.dims3()?;
     let flat = hidden.detach().contiguous()?.reshape((b * t, h))?;
     let rows: Vec<usize> = (0..b * t).filter(|&i| mask[i] > 0.0).collect();

@@ -22,7 +22,7 @@ pub mod loss;
 pub mod trainer;
 
 use crate::config::Config;
-use crate::model::qwen2::Qwen2;
+use crate::model::Transformer;
 use anyhow::Result;
 use data::Example;
 use std::path::Path;
@@ -32,7 +32,7 @@ use trainer::SftTrainer;
 /// with `[sft]`, `[optim]` and `[run]` of `cfg`. Returns the steps taken in all.
 pub fn train_into(
     cfg: &Config,
-    model: &mut Qwen2,
+    model: &mut Transformer,
     examples: Vec<Example>,
     pad_id: u32,
     base: &str,

@@ -17,7 +17,8 @@ use crate::learn::plan::{check_row, plan};
 use crate::learn::session::{Session, SessionOptions};
 use crate::learn::{pack, Packed, Sequence};
 use crate::model::budget::{MemoryBudget, TrainMemory};
-use crate::model::qwen2::{Checkpoints, Mode, Qwen2};
+use crate::model::{Checkpoints, Mode, Transformer};
+use crate::model::{Input, Pass};
 use crate::rng::mix_seeds as mix;
 use crate::run::log::{self, SftRow};
 use anyhow::{bail, Context, Result};
@@ -28,7 +29,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 pub struct SftTrainer<'m> {
-    pub model: &'m Qwen2,
+    pub model: &'m Transformer,
     examples: Vec<Example>,
     /// The optimizer, the step counters and the run directory's checkpoints.
     pub session: Session,
@@ -58,7 +59,7 @@ impl<'m> SftTrainer<'m> {
     /// `[sft]`, `[optim]` and `[run]`; its config.toml is written into `run_dir`.
     pub fn new(
         cfg: &Config,
-        model: &'m mut Qwen2,
+        model: &'m mut Transformer,
         examples: Vec<Example>,
         pad_id: u32,
         base_model: String,
@@ -89,7 +90,7 @@ impl<'m> SftTrainer<'m> {
             },
         )?;
         session.state.csv_header = log::sft_header();
-        let model: &'m Qwen2 = model;
+        let model: &'m Transformer = model;
         let n = examples.len();
         let total_steps = sft.total_steps(n);
         Ok(Self {
@@ -292,11 +293,11 @@ pub const MIN_SHARED_PREFIX: usize = 16;
 
 /// [`micro_step`] with the micro-batch's common prompt prefix (the system prompt of an
 /// environment's demonstrations) through the model once, its keys and values shared by
-/// every row ([`Qwen2::forward_shared_prefix`]): the same loss and gradient, on fewer
+/// every row ([`Input::Shared`](crate::model::Input::Shared)): the same loss and gradient, on fewer
 /// tokens. `None` when the rows share fewer than [`MIN_SHARED_PREFIX`] tokens (each row
 /// keeps at least one prompt token of its own, whose logits predict its completion).
 pub fn micro_step_shared(
-    model: &Qwen2,
+    model: &Transformer,
     rows: &[&Sequence],
     pad_id: u32,
     num_tokens: f64,
@@ -351,12 +352,8 @@ pub fn micro_step_shared(
     let dev = model.device().clone();
     let prefix = Tensor::from_vec(first.prompt_ids[..shared].to_vec(), (1, shared), &dev)?;
     let ids = Tensor::from_vec(ids, (g, w), &dev)?;
-    let (_, hidden) = match ck {
-        Some(ck) => {
-            model.forward_shared_prefix_checkpointed(&prefix, &ids, Some(&attn), mode, ck)?
-        }
-        None => model.forward_shared_prefix(&prefix, &ids, Some(&attn), mode)?,
-    };
+    let input = Input::shared(&prefix, &ids, Some(&attn));
+    let hidden = model.forward(input, Pass::checkpointed(mode, ck))?.rows;
     let h = hidden.narrow(1, own - 1, comp)?;
     let targets_t = Tensor::from_vec(targets.clone(), (g, comp), &dev)?;
     let lp = model.token_logprobs(&h, &targets_t, 1.0, false)?.logprobs;
@@ -371,7 +368,7 @@ pub fn micro_step_shared(
 /// The same chunked log-prob path as the learner's `Forward::logprobs` (only completion
 /// positions reach the LM head), kept here because the accuracy needs the hidden states.
 pub fn micro_step(
-    model: &Qwen2,
+    model: &Transformer,
     p: &Packed,
     num_tokens: f64,
     mode: Mode,
@@ -379,10 +376,12 @@ pub fn micro_step(
 ) -> Result<(Tensor, usize)> {
     let dev = model.device().clone();
     let ids = Tensor::from_vec(p.ids.clone(), (p.rows, p.width), &dev)?;
-    let hidden = match ck {
-        Some(ck) => model.forward_checkpointed(&ids, Some(&p.attention), mode, ck)?,
-        None => model.forward(&ids, Some(&p.attention), mode)?,
-    };
+    let hidden = model
+        .forward(
+            Input::rows(&ids, Some(&p.attention)),
+            Pass::checkpointed(mode, ck),
+        )?
+        .rows;
     let h = hidden.narrow(1, p.prompt_len - 1, p.comp_len)?;
     let targets = Tensor::from_vec(p.targets.clone(), (p.rows, p.comp_len), &dev)?;
     let lp = model.token_logprobs(&h, &targets, 1.0, false)?.logprobs;

@@ -31,7 +31,7 @@
 pub use super::Played;
 use super::{Episodes, Renderer, Task, TaskPrompt};
 use crate::envs::{self, EnvFactory, Environment, Reward, StepOutcome};
-use crate::model::qwen2::Qwen2;
+use crate::model::Transformer;
 use crate::rng::mix_seeds as mix;
 use crate::sample::{
     sample_turns, ChooseOn, Reply, SampleStats, SamplingParams, TurnEnd, TurnEvent, TurnRow,
@@ -149,7 +149,7 @@ impl Task for EpisodeTask {
 impl Episodes for EpisodeTask {
     fn play(
         &self,
-        model: &Qwen2,
+        model: &Transformer,
         renderer: &dyn Renderer,
         prompts: &[TaskPrompt],
         g: usize,
@@ -176,7 +176,7 @@ impl Episodes for EpisodeTask {
 /// stream `(stream_base + p, j)`.
 #[allow(clippy::too_many_arguments)]
 pub fn play_episodes(
-    model: &Qwen2,
+    model: &Transformer,
     renderer: &dyn Renderer,
     task: &EpisodeTask,
     prompts: &[TaskPrompt],

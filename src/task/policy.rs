@@ -4,7 +4,7 @@
 //! evaluated on the driver it is trained with.
 use crate::envs::rollout::{Policy, Turn};
 use crate::envs::Environment;
-use crate::model::qwen2::Qwen2;
+use crate::model::Transformer;
 use crate::rng::mix_seeds as mix;
 use crate::sample::{self, GroupRequest, PromptKv, SamplingParams};
 use crate::task::Renderer;
@@ -17,7 +17,7 @@ use std::collections::HashMap;
 /// prompt is prefilled on top of its last one's KV ([`sample::reuse`]): a decision
 /// prompt re-reads the session so far, and only its new tail costs a forward.
 pub struct ModelPolicy<'a> {
-    pub model: &'a Qwen2,
+    pub model: &'a Transformer,
     pub renderer: &'a dyn Renderer,
     pub params: &'a SamplingParams,
     pub batch: usize,
@@ -36,7 +36,7 @@ pub struct ModelPolicy<'a> {
 
 impl<'a> ModelPolicy<'a> {
     pub fn new(
-        model: &'a Qwen2,
+        model: &'a Transformer,
         renderer: &'a dyn Renderer,
         params: &'a SamplingParams,
         batch: usize,

@@ -5,7 +5,7 @@
 //! returns and knows nothing of GRPO.
 use crate::config::sft::SftSource;
 use crate::config::{Config, GrpoConfig};
-use crate::model::qwen2::Qwen2;
+use crate::model::Transformer;
 use crate::rng::mix_seeds as mix;
 use crate::sft::data::Example;
 use crate::task::{EnvTask, Renderer};
@@ -15,7 +15,7 @@ use anyhow::{bail, Context, Result};
 /// context length. Rejection sampling uses `model` as it is (its adapter on).
 pub fn build_examples(
     cfg: &Config,
-    model: &Qwen2,
+    model: &Transformer,
     renderer: &dyn Renderer,
 ) -> Result<Vec<Example>> {
     let s = cfg
@@ -97,7 +97,7 @@ pub fn build_examples(
 /// the sampled ids) and the prompts drawn.
 #[allow(clippy::too_many_arguments)]
 pub fn rejection_examples(
-    model: &Qwen2,
+    model: &Transformer,
     renderer: &dyn Renderer,
     task: &mut EnvTask,
     g: &GrpoConfig,

@@ -16,7 +16,7 @@ use crate::curriculum::Stage;
 use crate::dist::Dist;
 use crate::grpo::trainer::Trainer;
 use crate::model::budget::{MemoryBudget, TrainMemory};
-use crate::model::qwen2::Qwen2;
+use crate::model::Transformer;
 use crate::task::Renderer;
 use anyhow::{bail, Result};
 use std::path::Path;
@@ -46,7 +46,7 @@ pub fn run(opts: TrainOptions) -> Result<()> {
 pub struct PreparedRun {
     pub cfg: Config,
     pub stages: Vec<Stage>,
-    pub model: Qwen2,
+    pub model: Transformer,
     pub renderer: Box<dyn Renderer>,
     /// The base model's name (recorded in adapter_config.json).
     pub base: String,
@@ -207,7 +207,11 @@ fn check_resume_keys(cfg: &Config, run_dir: &Path) -> Result<()> {
 /// Sizes against the model: every stage's completions fit `max_position_embeddings`
 /// and the generation batch's KV cache fits in memory; a warning when a full-length
 /// completion could not be trained within the memory budget.
-fn check_sizes(cfg: &Config, stages: &[crate::curriculum::Stage], model: &Qwen2) -> Result<()> {
+fn check_sizes(
+    cfg: &Config,
+    stages: &[crate::curriculum::Stage],
+    model: &Transformer,
+) -> Result<()> {
     let mc = model.config();
     let mut warned = Vec::new();
     for st in stages {

@@ -16,7 +16,7 @@
 //! activations; compute: about one more forward. Dropout masks are drawn from the same
 //! seeds when a layer is recomputed, so the gradients equal the plain backward's up to
 //! float rounding (`tests/memory.rs`).
-use super::ops;
+use crate::model::ops;
 use anyhow::{anyhow, Result};
 use candle_core::backprop::GradStore;
 use candle_core::{Tensor, Var};
@@ -124,8 +124,8 @@ impl Segment {
 }
 
 /// Activation checkpointing (`[optim] gradient_checkpointing`, candle has none built
-/// in). Forwards run with [`super::qwen2::Qwen2::forward_checkpointed`] or
-/// [`super::qwen2::Qwen2::forward_shared_prefix_checkpointed`] keep only each decoder layer's input
+/// in). Forwards run with [`super::Transformer::forward_checkpointed`] or
+/// [`super::Transformer::forward_shared_prefix_checkpointed`] keep only each decoder layer's input
 /// (`L` hidden-state tensors instead of every layer's activations) and are recorded
 /// here. After `loss.backward()`, which stops at the last layer's output,
 /// [`Checkpoints::backward`] recomputes the layers one at a time, last first, and

@@ -5,7 +5,7 @@
 //! `@revision`). Hub files go through hf-hub into the standard Hugging Face cache
 //! (`HF_HOME`, `HF_HUB_CACHE`, `HF_TOKEN`, `HF_HUB_OFFLINE` honoured; offline never touches
 //! the network). config.json is read in both dialects (transformers 4.x and 5.x) into
-//! [`Qwen2Config`]; weights come from model.safetensors or a sharded index, are checked
+//! [`ArchConfig`]; weights come from model.safetensors or a sharded index, are checked
 //! against the config (missing and mis-shaped tensors are named) and converted to the
 //! target dtype on the target device.
 use std::path::{Path, PathBuf};
@@ -14,13 +14,11 @@ use anyhow::{anyhow, bail, Context, Result};
 use candle_core::{DType, Device};
 use serde_json::Value as Json;
 
-use super::generation::{id_list, GenerationConfig};
-use super::qwen2::Qwen2Config;
+use super::arch::ArchConfig;
+use super::generation::GenerationConfig;
 use super::tokenizer::Tokenizer;
 
-pub use super::qwen2::Weights;
-
-pub const ARCHITECTURE: &str = "Qwen2ForCausalLM";
+pub use super::Weights;
 
 // ---------------------------------------------------------------------------------------
 // Model references
@@ -309,312 +307,11 @@ fn resolve_hub(repo_id: &str, revision: Option<&str>) -> Result<ModelFiles> {
     resolve_dir(&dir)
 }
 
-// ---------------------------------------------------------------------------------------
-// config.json
-// ---------------------------------------------------------------------------------------
-
-/// config.json beyond the architecture numbers.
-#[derive(Debug, Clone, PartialEq)]
-pub struct CheckpointConfig {
-    pub qwen2: Qwen2Config,
-    pub architectures: Vec<String>,
-    /// `torch_dtype` (4.x) or `dtype` (5.x): the stored weights' dtype.
-    pub stored_dtype: Option<String>,
-    pub bos_token_id: Option<u32>,
-    pub eos_token_ids: Vec<u32>,
-}
-
-fn get_usize(j: &Json, key: &str) -> Result<Option<usize>> {
-    match &j[key] {
-        Json::Null => Ok(None),
-        v => v
-            .as_u64()
-            .map(|x| Some(x as usize))
-            .ok_or_else(|| anyhow!("config.json: {key} must be a non-negative integer, got {v}")),
-    }
-}
-
-fn need_usize(j: &Json, key: &str) -> Result<usize> {
-    get_usize(j, key)?.ok_or_else(|| anyhow!("config.json: missing {key}"))
-}
-
-/// Parse config.json (transformers 4.x or 5.x dialect) of a Qwen2ForCausalLM.
-pub fn parse_config(text: &str) -> Result<CheckpointConfig> {
-    let j: Json = serde_json::from_str(text).context("config.json is not valid JSON")?;
-    let architectures: Vec<String> = j["architectures"]
-        .as_array()
-        .map(|a| {
-            a.iter()
-                .filter_map(|s| s.as_str().map(String::from))
-                .collect()
-        })
-        .unwrap_or_default();
-    let model_type = j["model_type"].as_str().unwrap_or("");
-    let ok = if architectures.is_empty() {
-        model_type == "qwen2"
-    } else {
-        architectures.iter().any(|a| a == ARCHITECTURE)
-    };
-    if !ok {
-        let got = if architectures.is_empty() {
-            format!("model_type {model_type:?}")
-        } else {
-            format!("{architectures:?}")
-        };
-        bail!("unsupported architecture {got}: Concord loads {ARCHITECTURE} checkpoints only");
-    }
-    if let Some(act) = j["hidden_act"].as_str() {
-        if act != "silu" {
-            bail!("config.json: hidden_act {act:?} is not supported (Qwen2 uses silu)");
-        }
-    }
-    // RoPE: 4.x top-level rope_theta (+ rope_scaling), 5.x rope_parameters.
-    let rope = &j["rope_parameters"];
-    let rope_theta = rope["rope_theta"]
-        .as_f64()
-        .or_else(|| j["rope_theta"].as_f64())
-        .unwrap_or(10_000.0);
-    let rope_type = rope["rope_type"]
-        .as_str()
-        .or_else(|| j["rope_scaling"]["rope_type"].as_str())
-        .or_else(|| j["rope_scaling"]["type"].as_str())
-        .unwrap_or("default");
-    if rope_type != "default" {
-        bail!("config.json: rope type {rope_type:?} is not supported (only default RoPE)");
-    }
-    let sliding = j["use_sliding_window"].as_bool().unwrap_or(false)
-        || j["layer_types"]
-            .as_array()
-            .is_some_and(|a| a.iter().any(|t| t.as_str() == Some("sliding_attention")));
-    if sliding {
-        bail!("config.json: sliding-window attention is not supported");
-    }
-    let hidden_size = need_usize(&j, "hidden_size")?;
-    let num_attention_heads = need_usize(&j, "num_attention_heads")?;
-    if num_attention_heads == 0 {
-        bail!("config.json: num_attention_heads must be positive");
-    }
-    let num_key_value_heads = get_usize(&j, "num_key_value_heads")?.unwrap_or(num_attention_heads);
-    if num_key_value_heads == 0 || num_attention_heads % num_key_value_heads != 0 {
-        bail!(
-            "config.json: num_attention_heads ({num_attention_heads}) must be a multiple of \
-             num_key_value_heads ({num_key_value_heads})"
-        );
-    }
-    let head_dim = get_usize(&j, "head_dim")?.unwrap_or(hidden_size / num_attention_heads);
-    let qwen2 = Qwen2Config {
-        vocab_size: need_usize(&j, "vocab_size")?,
-        hidden_size,
-        intermediate_size: need_usize(&j, "intermediate_size")?,
-        num_hidden_layers: need_usize(&j, "num_hidden_layers")?,
-        num_attention_heads,
-        num_key_value_heads,
-        head_dim,
-        max_position_embeddings: get_usize(&j, "max_position_embeddings")?.unwrap_or(32_768),
-        rope_theta,
-        rms_norm_eps: j["rms_norm_eps"].as_f64().unwrap_or(1e-6),
-        tie_word_embeddings: j["tie_word_embeddings"].as_bool().unwrap_or(false),
-    };
-    let eps = qwen2.rms_norm_eps;
-    if !(eps > 0.0 && eps.is_finite()) {
-        bail!("config.json: rms_norm_eps must be a positive number, got {eps}");
-    }
-    if !(qwen2.rope_theta > 0.0 && qwen2.rope_theta.is_finite()) {
-        bail!(
-            "config.json: rope_theta must be a positive number, got {}",
-            qwen2.rope_theta
-        );
-    }
-    if qwen2.max_position_embeddings == 0 {
-        bail!("config.json: max_position_embeddings must be positive");
-    }
-    qwen2.validate().context("config.json")?;
-    let stored_dtype = j["dtype"]
-        .as_str()
-        .or_else(|| j["torch_dtype"].as_str())
-        .map(String::from);
-    Ok(CheckpointConfig {
-        qwen2,
-        architectures,
-        stored_dtype,
-        bos_token_id: j["bos_token_id"].as_u64().map(|x| x as u32),
-        eos_token_ids: id_list(&j["eos_token_id"]),
-    })
-}
-
-/// Read and parse a config.json file.
-pub fn read_config(path: &Path) -> Result<CheckpointConfig> {
-    let text =
-        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    parse_config(&text).with_context(|| format!("in {}", path.display()))
-}
-
-// ---------------------------------------------------------------------------------------
-// dtype policy and weights
-// ---------------------------------------------------------------------------------------
-
-/// f32 on CPU, bf16 on CUDA sm_80+ (Ampere and newer), f16 on older CUDA devices.
-pub fn default_dtype(device: &Device) -> DType {
-    match device {
-        Device::Cpu => DType::F32,
-        #[cfg(feature = "cuda")]
-        Device::Cuda(dev) => {
-            if cuda_compute_major(dev) >= 8 {
-                DType::BF16
-            } else {
-                DType::F16
-            }
-        }
-        #[allow(unreachable_patterns)]
-        _ => DType::F32,
-    }
-}
-
-#[cfg(feature = "cuda")]
-fn cuda_compute_major(dev: &candle_core::CudaDevice) -> i32 {
-    use candle_core::cuda::cudarc::driver::{result, sys};
-    let cu_device = dev.cuda_stream().context().cu_device();
-    // SAFETY: a plain attribute query on a valid device handle.
-    unsafe {
-        result::device::get_attribute(
-            cu_device,
-            sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
-        )
-    }
-    .unwrap_or(8)
-}
-
-/// bf16 kernels need compute capability 8.0 (Ampere) or newer: refuse it on older cards
-/// (a T4 is sm_75) with advice, instead of failing inside a kernel launch.
-pub fn check_dtype_supported(dtype: DType, device: &Device) -> Result<()> {
-    #[cfg(feature = "cuda")]
-    if let (DType::BF16, Device::Cuda(dev)) = (dtype, device) {
-        let major = cuda_compute_major(dev);
-        if major < 8 {
-            bail!(
-                "bf16 needs a GPU of compute capability 8.0 or newer (A100, H100, RTX 30xx); \
-                 this one is sm_{major}x: use dtype = \"f16\" (or \"f32\")"
-            );
-        }
-    }
-    let _ = (dtype, device);
-    Ok(())
-}
-
-/// `f32` / `bf16` / `f16` (torch spellings accepted); `auto` → [`default_dtype`].
-pub fn parse_dtype(s: &str, device: &Device) -> Result<DType> {
-    match s.trim().to_ascii_lowercase().as_str() {
-        "auto" | "" => Ok(default_dtype(device)),
-        "f32" | "float32" | "fp32" => Ok(DType::F32),
-        "bf16" | "bfloat16" => Ok(DType::BF16),
-        "f16" | "float16" | "fp16" | "half" => Ok(DType::F16),
-        other => bail!("unknown dtype {other:?} (expected auto, f32, bf16 or f16)"),
-    }
-}
-
-/// (name, shape) of every tensor a Qwen2 checkpoint must hold (without `lm_head.weight`).
-pub fn expected_shapes(cfg: &Qwen2Config) -> Vec<(String, Vec<usize>)> {
-    // The model's own list, without the optional untied head.
-    let tied = Qwen2Config {
-        tie_word_embeddings: true,
-        ..cfg.clone()
-    };
-    tied.tensor_shapes()
-}
-
-/// Load, check and convert the weights. Sets `cfg.tie_word_embeddings` when the checkpoint
-/// has no `lm_head.weight`; drops a stored `lm_head.weight` when the config ties it (as
-/// transformers does). Extra tensors (e.g. rotary caches) are ignored.
-pub fn load_weights(
-    files: &[PathBuf],
-    cfg: &mut Qwen2Config,
-    dtype: DType,
-    device: &Device,
-) -> Result<Weights> {
-    if files.is_empty() {
-        bail!("no weight files");
-    }
-    // SAFETY: the files are memory-mapped read-only; like every safetensors loader we
-    // assume they are not modified while mapped.
-    let st = unsafe { candle_core::safetensors::MmapedSafetensors::multi(files) }
-        .with_context(|| format!("opening {}", display_files(files)))?;
-    let mut wanted = expected_shapes(cfg);
-    let has_head = st.get("lm_head.weight").is_ok();
-    if !has_head {
-        cfg.tie_word_embeddings = true;
-    }
-    if has_head && !cfg.tie_word_embeddings {
-        wanted.push((
-            "lm_head.weight".to_string(),
-            vec![cfg.vocab_size, cfg.hidden_size],
-        ));
-    }
-    // Check every name and shape before loading anything.
-    for (name, shape) in &wanted {
-        let view = st.get(name).map_err(|_| {
-            anyhow!(
-                "checkpoint is missing tensor {name} (in {})",
-                display_files(files)
-            )
-        })?;
-        if view.shape() != shape.as_slice() {
-            bail!(
-                "tensor {name} has shape {:?}, expected {:?} from config.json",
-                view.shape(),
-                shape
-            );
-        }
-    }
-    let mut out = Weights::with_capacity(wanted.len());
-    for (name, _) in wanted {
-        let t = st
-            .load(&name, device)
-            .with_context(|| format!("loading tensor {name}"))?;
-        let t = if t.dtype() == dtype {
-            t
-        } else {
-            t.to_dtype(dtype)?
-        };
-        ensure_finite(&name, &t).with_context(|| display_files(files))?;
-        out.insert(name, t);
-    }
-    Ok(out)
-}
-
-/// A base weight holding NaN or an infinity would turn every forward into NaN and the
-/// run into skipped steps; refuse it at load, by name. `t - t` is 0 where `t` is finite
-/// and NaN where it is not, so one sum says which.
-pub fn ensure_finite(name: &str, t: &candle_core::Tensor) -> Result<()> {
-    let s = t
-        .sub(t)?
-        .to_dtype(DType::F32)?
-        .sum_all()?
-        .to_scalar::<f32>()?;
-    if s.is_nan() {
-        bail!(
-            "tensor {name} holds NaN or infinite values: the checkpoint is damaged or was \
-             saved from a diverged run"
-        );
-    }
-    Ok(())
-}
-
-/// Whether config.json sets `tie_word_embeddings` to false explicitly (absent means
-/// "tie when the weights have no head", as before).
-fn says_untied(config: &Path) -> bool {
-    std::fs::read_to_string(config)
-        .ok()
-        .and_then(|t| serde_json::from_str::<Json>(&t).ok())
-        .is_some_and(|j| j["tie_word_embeddings"] == Json::Bool(false))
-}
-
-fn display_files(files: &[PathBuf]) -> String {
-    files
-        .iter()
-        .map(|p| p.display().to_string())
-        .collect::<Vec<_>>()
-        .join(", ")
-}
+mod config;
+mod weights;
+pub use config::*;
+pub use weights::*;
+use weights::{display_files, says_untied};
 
 // ---------------------------------------------------------------------------------------
 // Whole checkpoints
@@ -622,7 +319,7 @@ fn display_files(files: &[PathBuf]) -> String {
 
 /// Everything a checkpoint holds, before the model is built.
 pub struct Checkpoint {
-    pub config: Qwen2Config,
+    pub config: ArchConfig,
     pub info: CheckpointConfig,
     pub weights: Weights,
     pub tokenizer: Tokenizer,

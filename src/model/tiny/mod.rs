@@ -1,84 +1,23 @@
-//! `concord model init-tiny`: a random-weight Qwen2 checkpoint laid out like a Hub model
-//! directory (config.json in the transformers 4.x dialect, model.safetensors or shards +
-//! index, Qwen's real BPE tokenizer, a Qwen2.5-style ChatML chat template,
-//! generation_config.json). Deterministic per seed: the same spec writes the same bytes, so
-//! tests rebuild the parity-fixture models instead of committing weights.
+//! `concord model init-tiny`: a random-weight Qwen2, Qwen3 or Llama 3 checkpoint laid out
+//! like a Hub model directory (config.json, model.safetensors or shards + index, the
+//! family's real tokenizer and chat template, generation_config.json; see [`family`]).
+//! Deterministic per seed: the same spec writes the same bytes, so tests rebuild the
+//! parity-fixture models instead of committing weights.
+pub mod family;
+
 use std::collections::BTreeMap;
-use std::io::Read;
 use std::path::{Path, PathBuf};
+
+use crate::model::arch::{is_norm, ArchConfig, Family, Llama3Rope, RopeScaling};
+pub use family::{
+    qwen_tokenizer_json, ENDOFTEXT_ID, IM_END_ID, IM_START_ID, QWEN25_CHAT_TEMPLATE, TOKENIZER_IDS,
+};
 
 use anyhow::{bail, Context, Result};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
-
-/// Qwen's byte-level BPE tokenizer (Qwen2.5 vocabulary + 4 later special tokens), gzip'd.
-/// Recreate with scripts/fetch_qwen_tokenizer.sh.
-static QWEN_TOKENIZER_GZ: &[u8] = include_bytes!("../../assets/qwen_tokenizer.json.gz");
-
-/// Token ids the embedded tokenizer uses (the highest is `</think>` = 151668).
-pub const TOKENIZER_IDS: usize = 151_669;
-pub const ENDOFTEXT_ID: u32 = 151_643;
-pub const IM_START_ID: u32 = 151_644;
-pub const IM_END_ID: u32 = 151_645;
-
-/// Qwen2.5-Instruct's chat template (ChatML with a default system prompt and tool calls).
-pub const QWEN25_CHAT_TEMPLATE: &str = r#"{%- if tools %}
-    {{- '<|im_start|>system\n' }}
-    {%- if messages[0]['role'] == 'system' %}
-        {{- messages[0]['content'] }}
-    {%- else %}
-        {{- 'You are Qwen, created by Alibaba Cloud. You are a helpful assistant.' }}
-    {%- endif %}
-    {{- "\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with function signatures within <tools></tools> XML tags:\n<tools>" }}
-    {%- for tool in tools %}
-        {{- "\n" }}
-        {{- tool | tojson }}
-    {%- endfor %}
-    {{- "\n</tools>\n\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n" }}
-{%- else %}
-    {%- if messages[0]['role'] == 'system' %}
-        {{- '<|im_start|>system\n' + messages[0]['content'] + '<|im_end|>\n' }}
-    {%- else %}
-        {{- '<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n' }}
-    {%- endif %}
-{%- endif %}
-{%- for message in messages %}
-    {%- if (message.role == "user") or (message.role == "system" and not loop.first) or (message.role == "assistant" and not message.tool_calls) %}
-        {{- '<|im_start|>' + message.role + '\n' + message.content + '<|im_end|>' + '\n' }}
-    {%- elif message.role == "assistant" %}
-        {{- '<|im_start|>' + message.role }}
-        {%- if message.content %}
-            {{- '\n' + message.content }}
-        {%- endif %}
-        {%- for tool_call in message.tool_calls %}
-            {%- if tool_call.function is defined %}
-                {%- set tool_call = tool_call.function %}
-            {%- endif %}
-            {{- '\n<tool_call>\n{"name": "' }}
-            {{- tool_call.name }}
-            {{- '", "arguments": ' }}
-            {{- tool_call.arguments | tojson }}
-            {{- '}\n</tool_call>' }}
-        {%- endfor %}
-        {{- '<|im_end|>\n' }}
-    {%- elif message.role == "tool" %}
-        {%- if (loop.index0 == 0) or (messages[loop.index0 - 1].role != "tool") %}
-            {{- '<|im_start|>user' }}
-        {%- endif %}
-        {{- '\n<tool_response>\n' }}
-        {{- message.content }}
-        {{- '\n</tool_response>' }}
-        {%- if loop.last or (messages[loop.index0 + 1].role != "tool") %}
-            {{- '<|im_end|>\n' }}
-        {%- endif %}
-    {%- endif %}
-{%- endfor %}
-{%- if add_generation_prompt %}
-    {{- '<|im_start|>assistant\n' }}
-{%- endif %}
-"#;
 
 /// Storage dtype of a tiny checkpoint.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -129,12 +68,18 @@ impl TinyDType {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct TinySpec {
+    pub family: Family,
     pub hidden: usize,
     pub layers: usize,
     pub heads: usize,
     pub kv_heads: usize,
     pub intermediate: usize,
-    pub vocab: usize,
+    /// None: the family tokenizer's (Qwen's padded 151,936; Llama 3's 128,256).
+    pub vocab: Option<usize>,
+    /// None: hidden / heads.
+    pub head_dim: Option<usize>,
+    /// Llama 3 RoPE scaling (Llama only).
+    pub rope_scaling: Option<Llama3Rope>,
     pub seed: u64,
     pub dtype: TinyDType,
     pub tie: bool,
@@ -144,12 +89,15 @@ pub struct TinySpec {
 impl Default for TinySpec {
     fn default() -> Self {
         Self {
+            family: Family::Qwen2,
             hidden: 64,
             layers: 2,
             heads: 4,
             kv_heads: 2,
             intermediate: 128,
-            vocab: 151_936,
+            vocab: None,
+            head_dim: None,
+            rope_scaling: None,
             seed: 0,
             dtype: TinyDType::F32,
             tie: true,
@@ -172,7 +120,11 @@ impl TinySpec {
     }
 
     pub fn head_dim(&self) -> usize {
-        self.hidden / self.heads.max(1)
+        self.head_dim.unwrap_or(self.hidden / self.heads.max(1))
+    }
+
+    pub fn vocab(&self) -> usize {
+        self.vocab.unwrap_or(family::vocab(self.family).0)
     }
 
     pub fn validate(&self) -> Result<()> {
@@ -182,7 +134,7 @@ impl TinySpec {
         if self.intermediate == 0 {
             bail!("intermediate must be positive");
         }
-        if !self.hidden.is_multiple_of(self.heads) {
+        if self.head_dim.is_none() && !self.hidden.is_multiple_of(self.heads) {
             bail!(
                 "hidden ({}) must be a multiple of heads ({})",
                 self.hidden,
@@ -199,17 +151,21 @@ impl TinySpec {
         if !self.head_dim().is_multiple_of(2) {
             bail!("head dim {} must be even for RoPE", self.head_dim());
         }
-        if self.vocab < TOKENIZER_IDS {
+        let ids = family::vocab(self.family).1;
+        if self.vocab() < ids {
             bail!(
-                "vocab {} is smaller than the tokenizer's {} ids",
-                self.vocab,
-                TOKENIZER_IDS
+                "vocab {} is smaller than the {} tokenizer's {ids} ids",
+                self.vocab(),
+                self.family
             );
+        }
+        if self.rope_scaling.is_some() && self.family != Family::Llama {
+            bail!("rope scaling is Llama 3's: use --family llama");
         }
         if self.shards == 0 {
             bail!("shards must be at least 1");
         }
-        let cfg = self.qwen2_config();
+        let cfg = self.arch_config();
         cfg.validate()?;
         // The weights are drawn in memory before they are written.
         let bytes = cfg.parameters() * self.dtype.bytes();
@@ -227,79 +183,31 @@ impl TinySpec {
         Ok(())
     }
 
-    /// The architecture this spec writes into config.json.
-    pub fn qwen2_config(&self) -> crate::model::qwen2::Qwen2Config {
-        crate::model::qwen2::Qwen2Config {
-            vocab_size: self.vocab,
+    /// The architecture this spec writes into config.json: the family's released
+    /// hyper-parameters (RoPE base, norm epsilon, context) at this shape.
+    pub fn arch_config(&self) -> ArchConfig {
+        let base = match self.family {
+            Family::Qwen2 => ArchConfig::qwen25_05b(),
+            Family::Qwen3 => ArchConfig::qwen3_06b(),
+            Family::Llama => ArchConfig::llama32_1b(),
+        };
+        ArchConfig {
+            vocab_size: self.vocab(),
             hidden_size: self.hidden,
             intermediate_size: self.intermediate,
             num_hidden_layers: self.layers,
             num_attention_heads: self.heads,
             num_key_value_heads: self.kv_heads,
             head_dim: self.head_dim(),
-            max_position_embeddings: 32768,
-            rope_theta: 1_000_000.0,
-            rms_norm_eps: 1e-6,
+            rope_scaling: self.rope_scaling.map(RopeScaling::Llama3),
             tie_word_embeddings: self.tie,
+            ..base
         }
-    }
-
-    /// config.json in the transformers 4.x dialect (as Qwen's Hub repos write it).
-    pub fn config_json(&self) -> serde_json::Value {
-        json!({
-            "architectures": ["Qwen2ForCausalLM"],
-            "attention_dropout": 0.0,
-            "bos_token_id": ENDOFTEXT_ID,
-            "eos_token_id": IM_END_ID,
-            "hidden_act": "silu",
-            "hidden_size": self.hidden,
-            "initializer_range": 0.02,
-            "intermediate_size": self.intermediate,
-            "max_position_embeddings": 32768,
-            "max_window_layers": self.layers,
-            "model_type": "qwen2",
-            "num_attention_heads": self.heads,
-            "num_hidden_layers": self.layers,
-            "num_key_value_heads": self.kv_heads,
-            "rms_norm_eps": 1e-6,
-            "rope_theta": 1000000.0,
-            "sliding_window": 32768,
-            "tie_word_embeddings": self.tie,
-            "torch_dtype": self.dtype.torch_name(),
-            "transformers_version": "4.43.1",
-            "use_cache": true,
-            "use_sliding_window": false,
-            "vocab_size": self.vocab,
-        })
     }
 
     /// (name, shape) of every tensor the checkpoint holds, in a fixed order.
     pub fn tensor_shapes(&self) -> Vec<(String, Vec<usize>)> {
-        let (h, hd, i) = (self.hidden, self.head_dim(), self.intermediate);
-        let (q, kv) = (self.heads * hd, self.kv_heads * hd);
-        let mut out = vec![("model.embed_tokens.weight".to_string(), vec![self.vocab, h])];
-        for l in 0..self.layers {
-            let p = format!("model.layers.{l}");
-            out.extend([
-                (format!("{p}.input_layernorm.weight"), vec![h]),
-                (format!("{p}.self_attn.q_proj.weight"), vec![q, h]),
-                (format!("{p}.self_attn.q_proj.bias"), vec![q]),
-                (format!("{p}.self_attn.k_proj.weight"), vec![kv, h]),
-                (format!("{p}.self_attn.k_proj.bias"), vec![kv]),
-                (format!("{p}.self_attn.v_proj.weight"), vec![kv, h]),
-                (format!("{p}.self_attn.v_proj.bias"), vec![kv]),
-                (format!("{p}.self_attn.o_proj.weight"), vec![h, q]),
-                (format!("{p}.post_attention_layernorm.weight"), vec![h]),
-                (format!("{p}.mlp.gate_proj.weight"), vec![i, h]),
-                (format!("{p}.mlp.up_proj.weight"), vec![i, h]),
-                (format!("{p}.mlp.down_proj.weight"), vec![h, i]),
-            ]);
-        }
-        out.push(("model.norm.weight".to_string(), vec![h]));
-        if !self.tie {
-            out.push(("lm_head.weight".to_string(), vec![self.vocab, h]));
-        }
-        out
+        self.arch_config().tensor_shapes()
     }
 }
 
@@ -313,7 +221,7 @@ pub fn tensor_values(spec: &TinySpec, name: &str, shape: &[usize]) -> Vec<f32> {
     let mut rng = ChaCha8Rng::seed_from_u64(spec.seed ^ fnv1a(name.as_bytes()));
     let sqrt3 = 3f32.sqrt();
     let hidden = spec.hidden as f32;
-    let (lo, hi) = if name.ends_with("layernorm.weight") || name == "model.norm.weight" {
+    let (lo, hi) = if is_norm(name) {
         (0.5, 1.5)
     } else if name == "model.embed_tokens.weight" {
         let a = sqrt3 * 4.0 / hidden.sqrt();
@@ -357,66 +265,6 @@ fn to_bytes(values: &[f32], dtype: TinyDType) -> Vec<u8> {
     }
 }
 
-/// The embedded tokenizer.json, decompressed.
-pub fn qwen_tokenizer_json() -> Result<Vec<u8>> {
-    let mut out = Vec::with_capacity(12 << 20);
-    flate2::read::GzDecoder::new(QWEN_TOKENIZER_GZ)
-        .read_to_end(&mut out)
-        .context("decompressing the embedded Qwen tokenizer")?;
-    Ok(out)
-}
-
-/// tokenizer_config.json as Qwen2.5-Instruct ships it (added tokens taken from tokenizer.json).
-pub fn tokenizer_config_json(tokenizer_json: &[u8]) -> Result<serde_json::Value> {
-    let tok: serde_json::Value =
-        serde_json::from_slice(tokenizer_json).context("parsing the embedded tokenizer.json")?;
-    let mut decoder = serde_json::Map::new();
-    for t in tok["added_tokens"].as_array().into_iter().flatten() {
-        let id = t["id"].as_u64().unwrap_or_default();
-        decoder.insert(
-            id.to_string(),
-            json!({
-                "content": t["content"],
-                "lstrip": t["lstrip"],
-                "normalized": t["normalized"],
-                "rstrip": t["rstrip"],
-                "single_word": t["single_word"],
-                "special": t["special"],
-            }),
-        );
-    }
-    Ok(json!({
-        "add_bos_token": false,
-        "add_prefix_space": false,
-        "added_tokens_decoder": decoder,
-        "additional_special_tokens": [
-            "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>",
-            "<|box_start|>", "<|box_end|>", "<|quad_start|>", "<|quad_end|>",
-            "<|vision_start|>", "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>",
-            "<|video_pad|>"
-        ],
-        "bos_token": null,
-        "chat_template": QWEN25_CHAT_TEMPLATE,
-        "clean_up_tokenization_spaces": false,
-        "eos_token": "<|im_end|>",
-        "errors": "replace",
-        "model_max_length": 131072,
-        "pad_token": "<|endoftext|>",
-        "split_special_tokens": false,
-        "tokenizer_class": "Qwen2Tokenizer",
-        "unk_token": null
-    }))
-}
-
-pub fn generation_config_json() -> serde_json::Value {
-    json!({
-        "bos_token_id": ENDOFTEXT_ID,
-        "eos_token_id": [IM_END_ID, ENDOFTEXT_ID],
-        "pad_token_id": ENDOFTEXT_ID,
-        "transformers_version": "4.43.1"
-    })
-}
-
 /// Write `bytes` to `dir/name` atomically; returns the path written.
 fn write_atomic(dir: &Path, name: &str, bytes: &[u8]) -> Result<PathBuf> {
     let path = dir.join(name);
@@ -439,19 +287,19 @@ pub fn init_tiny(spec: &TinySpec, out: &Path) -> Result<Vec<PathBuf>> {
     written.push(write_atomic(
         out,
         "config.json",
-        &json_bytes(&spec.config_json())?,
+        &json_bytes(&family::config_json(spec))?,
     )?);
-    let tok = qwen_tokenizer_json()?;
+    let tok = family::tokenizer_json(spec.family)?;
     written.push(write_atomic(out, "tokenizer.json", &tok)?);
     written.push(write_atomic(
         out,
         "tokenizer_config.json",
-        &json_bytes(&tokenizer_config_json(&tok)?)?,
+        &json_bytes(&family::tokenizer_config_json(spec.family, &tok)?)?,
     )?);
     written.push(write_atomic(
         out,
         "generation_config.json",
-        &json_bytes(&generation_config_json())?,
+        &json_bytes(&family::generation_config_json(spec.family))?,
     )?);
 
     // Weights: tensors split into `shards` contiguous groups of (about) equal count.

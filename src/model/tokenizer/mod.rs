@@ -13,10 +13,16 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use anyhow::{anyhow, bail, Context, Result};
-use minijinja::value::{Kwargs, Value, ValueKind};
-use minijinja::{Environment, Error as JinjaError, ErrorKind};
+use minijinja::value::Value;
+use minijinja::Environment;
 
 use crate::chat::Message;
+
+mod jinja;
+mod renderer;
+pub use jinja::strftime;
+use jinja::{raise_exception, strftime_now, tojson};
+pub use renderer::{IdRenderer, Renderer};
 
 /// ChatML, used when a checkpoint has no chat template.
 pub const CHATML_TEMPLATE: &str = "{%- for message in messages %}{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}";
@@ -33,7 +39,32 @@ pub struct Tokenizer {
     /// bos_token / eos_token / pad_token / unk_token strings from tokenizer_config.json,
     /// passed to the template like transformers does.
     special: BTreeMap<String, String>,
+    /// Extra template variables (transformers' `apply_chat_template(**kwargs)`, TRL's
+    /// `chat_template_kwargs`), starting from [`default_template_kwargs`].
+    kwargs: BTreeMap<String, serde_json::Value>,
     stop_ids: Vec<u32>,
+}
+
+/// The template variables Concord passes unless `[model] chat_template_kwargs` says
+/// otherwise:
+/// - `enable_thinking = false`: Qwen3's template then closes an empty `<think>` block in
+///   the generation prompt, so training prompts ask for answers, not reasoning traces;
+/// - `date_string = "26 Jul 2024"`: Llama 3's template prints today's date in every
+///   system prompt when this is unset, which would make the same run render different
+///   prompts on different days; this is the template's own fallback date.
+///
+/// Templates that do not read a variable ignore it.
+pub fn default_template_kwargs() -> BTreeMap<String, serde_json::Value> {
+    BTreeMap::from([
+        (
+            "enable_thinking".to_string(),
+            serde_json::Value::Bool(false),
+        ),
+        (
+            "date_string".to_string(),
+            serde_json::Value::from("26 Jul 2024"),
+        ),
+    ])
 }
 
 impl std::fmt::Debug for Tokenizer {
@@ -177,8 +208,18 @@ impl Tokenizer {
             template,
             has_own_template,
             special,
+            kwargs: default_template_kwargs(),
             stop_ids,
         })
+    }
+
+    /// Replace the extra template variables (see [`default_template_kwargs`]).
+    pub fn set_template_kwargs(&mut self, kwargs: BTreeMap<String, serde_json::Value>) {
+        self.kwargs = kwargs;
+    }
+
+    pub fn template_kwargs(&self) -> &BTreeMap<String, serde_json::Value> {
+        &self.kwargs
     }
 
     /// Render the chat template (like transformers' `apply_chat_template(tokenize=False)`).
@@ -201,6 +242,9 @@ impl Tokenizer {
         ctx.insert("documents".to_string(), Value::from(()));
         for (k, v) in &self.special {
             ctx.insert(k.clone(), Value::from(v.as_str()));
+        }
+        for (k, v) in &self.kwargs {
+            ctx.insert(k.clone(), Value::from_serialize(v));
         }
         tmpl.render(ctx)
             .map_err(|e| anyhow!("rendering the chat template: {e:#}"))
@@ -305,90 +349,6 @@ impl Tokenizer {
     }
 }
 
-/// Chat messages to prompt tokens, completion tokens to text, and the stop tokens.
-pub trait Renderer {
-    /// Chat template with the generation prompt, and its token ids.
-    fn render(&self, messages: &[Message]) -> Result<(String, Vec<u32>)>;
-    /// Text of `ids`, special tokens included.
-    fn decode(&self, ids: &[u32]) -> Result<String>;
-    /// Tokens that end a completion.
-    fn stop_ids(&self) -> Vec<u32>;
-    /// Token ids of plain text (no special tokens, no template): a completion as the
-    /// model would write it. Only a real tokenizer can.
-    fn encode_text(&self, text: &str) -> Result<Vec<u32>> {
-        anyhow::bail!("this renderer cannot encode text ({} bytes)", text.len())
-    }
-    /// The token ids of one environment turn of a multi-turn conversation, rendered on
-    /// its own so that they can be appended to the ids so far (never re-rendered from
-    /// text): the rest of the chat template's assistant turn after the model's answer
-    /// (without the stop token `ended_with` the model already wrote), a user turn holding
-    /// `content`, and the generation prompt. Only a chat template can.
-    fn render_env_turn(&self, content: &str, ended_with: Option<u32>) -> Result<Vec<u32>> {
-        let _ = ended_with;
-        anyhow::bail!(
-            "this renderer has no chat template for environment turns ({} bytes)",
-            content.len()
-        )
-    }
-}
-
-impl Renderer for Tokenizer {
-    fn render(&self, messages: &[Message]) -> Result<(String, Vec<u32>)> {
-        let text = self.apply_chat_template(messages, true)?;
-        let ids = self.encode(&text)?;
-        Ok((text, ids))
-    }
-    fn decode(&self, ids: &[u32]) -> Result<String> {
-        Tokenizer::decode(self, ids)
-    }
-    fn stop_ids(&self) -> Vec<u32> {
-        self.stop_token_ids().to_vec()
-    }
-    fn encode_text(&self, text: &str) -> Result<Vec<u32>> {
-        self.encode(text)
-    }
-    fn render_env_turn(&self, content: &str, ended_with: Option<u32>) -> Result<Vec<u32>> {
-        self.encode(&self.env_turn_text(content, ended_with)?)
-    }
-}
-
-/// A renderer without a tokenizer: text is the ids, no stop tokens (tests, toy tasks,
-/// `random:` models).
-pub struct IdRenderer;
-
-impl Renderer for IdRenderer {
-    fn render(&self, messages: &[Message]) -> Result<(String, Vec<u32>)> {
-        anyhow::bail!("IdRenderer cannot render {} chat messages", messages.len())
-    }
-    fn decode(&self, ids: &[u32]) -> Result<String> {
-        Ok(ids
-            .iter()
-            .map(|i| i.to_string())
-            .collect::<Vec<_>>()
-            .join(" "))
-    }
-    fn stop_ids(&self) -> Vec<u32> {
-        Vec::new()
-    }
-}
-
-/// A bare decoder (a closure) is a renderer that cannot render chats and has no stop
-/// tokens.
-impl<F: Fn(&[u32]) -> Result<String>> Renderer for F {
-    fn render(&self, messages: &[Message]) -> Result<(String, Vec<u32>)> {
-        anyhow::bail!(
-            "a bare decoder cannot render {} chat messages",
-            messages.len()
-        )
-    }
-    fn decode(&self, ids: &[u32]) -> Result<String> {
-        self(ids)
-    }
-    fn stop_ids(&self) -> Vec<u32> {
-        Vec::new()
-    }
-}
-
 /// tokenizer_config.json's `chat_template`: a string, or a list of `{name, template}`
 /// (the one named "default" is used).
 fn template_from_config(config: &serde_json::Value) -> Option<String> {
@@ -409,249 +369,5 @@ fn token_string(v: &serde_json::Value) -> Option<String> {
         serde_json::Value::String(s) => Some(s.clone()),
         serde_json::Value::Object(o) => o.get("content").and_then(|c| c.as_str()).map(String::from),
         _ => None,
-    }
-}
-
-fn raise_exception(msg: String) -> Result<Value, JinjaError> {
-    Err(JinjaError::new(ErrorKind::InvalidOperation, msg))
-}
-
-/// `tojson` as transformers defines it: `json.dumps(x, ensure_ascii=False, indent=indent,
-/// separators=separators, sort_keys=sort_keys)`.
-fn tojson(value: Value, kwargs: Kwargs) -> Result<Value, JinjaError> {
-    let indent: Option<usize> = kwargs.get("indent")?;
-    let sort_keys: Option<bool> = kwargs.get("sort_keys")?;
-    let separators: Option<Value> = kwargs.get("separators")?;
-    kwargs.assert_all_used()?;
-    let (item_sep, key_sep) = match separators {
-        Some(s) if !s.is_none() => (
-            s.get_item_by_index(0)?.as_str().unwrap_or(", ").to_string(),
-            s.get_item_by_index(1)?.as_str().unwrap_or(": ").to_string(),
-        ),
-        _ => (
-            if indent.is_some() { "," } else { ", " }.to_string(),
-            ": ".to_string(),
-        ),
-    };
-    let opts = JsonOpts {
-        indent,
-        sort_keys: sort_keys.unwrap_or(false),
-        item_sep,
-        key_sep,
-    };
-    let mut out = String::new();
-    write_json(&value, &opts, 0, &mut out)?;
-    Ok(Value::from_safe_string(out))
-}
-
-struct JsonOpts {
-    indent: Option<usize>,
-    sort_keys: bool,
-    item_sep: String,
-    key_sep: String,
-}
-
-fn newline(opts: &JsonOpts, depth: usize, out: &mut String) {
-    if let Some(n) = opts.indent {
-        out.push('\n');
-        out.push_str(&" ".repeat(n * depth));
-    }
-}
-
-fn write_json(
-    v: &Value,
-    opts: &JsonOpts,
-    depth: usize,
-    out: &mut String,
-) -> Result<(), JinjaError> {
-    let item_sep = if opts.indent.is_some() {
-        opts.item_sep.trim_end()
-    } else {
-        opts.item_sep.as_str()
-    };
-    match v.kind() {
-        ValueKind::Undefined | ValueKind::None => out.push_str("null"),
-        ValueKind::Bool => out.push_str(if v.is_true() { "true" } else { "false" }),
-        ValueKind::Number => {
-            if let Some(i) = v.as_i64() {
-                out.push_str(&i.to_string());
-            } else {
-                let f = f64::try_from(v.clone()).unwrap_or(f64::NAN);
-                out.push_str(&python_float(f));
-            }
-        }
-        ValueKind::String => out.push_str(
-            &serde_json::to_string(v.as_str().unwrap_or_default())
-                .map_err(|e| JinjaError::new(ErrorKind::InvalidOperation, e.to_string()))?,
-        ),
-        ValueKind::Map => {
-            let mut keys: Vec<Value> = v.try_iter()?.collect();
-            if opts.sort_keys {
-                keys.sort_by_key(|a| a.to_string());
-            }
-            if keys.is_empty() {
-                out.push_str("{}");
-                return Ok(());
-            }
-            out.push('{');
-            for (i, k) in keys.iter().enumerate() {
-                if i > 0 {
-                    out.push_str(item_sep);
-                }
-                newline(opts, depth + 1, out);
-                let key = k
-                    .as_str()
-                    .map(str::to_string)
-                    .unwrap_or_else(|| k.to_string());
-                out.push_str(&serde_json::to_string(&key).unwrap_or_default());
-                out.push_str(&opts.key_sep);
-                write_json(&v.get_item(k)?, opts, depth + 1, out)?;
-            }
-            newline(opts, depth, out);
-            out.push('}');
-        }
-        ValueKind::Seq | ValueKind::Iterable => {
-            let items: Vec<Value> = v.try_iter()?.collect();
-            if items.is_empty() {
-                out.push_str("[]");
-                return Ok(());
-            }
-            out.push('[');
-            for (i, item) in items.iter().enumerate() {
-                if i > 0 {
-                    out.push_str(item_sep);
-                }
-                newline(opts, depth + 1, out);
-                write_json(item, opts, depth + 1, out)?;
-            }
-            newline(opts, depth, out);
-            out.push(']');
-        }
-        _ => out.push_str(&serde_json::to_string(&v.to_string()).unwrap_or_default()),
-    }
-    Ok(())
-}
-
-/// Python's float repr for the common cases (`1.0`, `0.5`, `1e-06`).
-fn python_float(f: f64) -> String {
-    if f.is_nan() {
-        return "NaN".into();
-    }
-    if f.is_infinite() {
-        return if f > 0.0 { "Infinity" } else { "-Infinity" }.into();
-    }
-    let s = format!("{f:?}");
-    if let Some((m, e)) = s.split_once('e') {
-        let exp: i32 = e.parse().unwrap_or(0);
-        let sign = if exp < 0 { '-' } else { '+' };
-        return format!("{m}e{sign}{:02}", exp.abs());
-    }
-    s
-}
-
-/// `strftime_now(format)`: the current UTC time (transformers uses local time; Concord
-/// runs in UTC). Supports %Y %y %m %d %e %H %M %S %B %b %A %a %j %%.
-fn strftime_now(format: String) -> Result<Value, JinjaError> {
-    let secs = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs() as i64)
-        .unwrap_or(0);
-    Ok(Value::from(strftime(&format, secs)))
-}
-
-/// Format a Unix time (UTC) with a subset of strftime.
-pub fn strftime(format: &str, unix_secs: i64) -> String {
-    const MONTHS: [&str; 12] = [
-        "January",
-        "February",
-        "March",
-        "April",
-        "May",
-        "June",
-        "July",
-        "August",
-        "September",
-        "October",
-        "November",
-        "December",
-    ];
-    const DAYS: [&str; 7] = [
-        "Thursday",
-        "Friday",
-        "Saturday",
-        "Sunday",
-        "Monday",
-        "Tuesday",
-        "Wednesday",
-    ];
-    let days = unix_secs.div_euclid(86_400);
-    let rem = unix_secs.rem_euclid(86_400);
-    let (h, mi, s) = (rem / 3600, (rem % 3600) / 60, rem % 60);
-    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy_mar = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy_mar + 2) / 153;
-    let d = doy_mar - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    let leap = (y % 4 == 0 && y % 100 != 0) || y % 400 == 0;
-    let cum = [0, 31, 59, 90, 120, 151, 181, 212, 243, 273, 304, 334];
-    let jday = cum[(m - 1) as usize] + d + i64::from(leap && m > 2);
-    let weekday = DAYS[days.rem_euclid(7) as usize];
-    let month = MONTHS[(m - 1) as usize];
-    let mut out = String::new();
-    let mut chars = format.chars();
-    while let Some(c) = chars.next() {
-        if c != '%' {
-            out.push(c);
-            continue;
-        }
-        match chars.next() {
-            Some('Y') => out.push_str(&y.to_string()),
-            Some('y') => out.push_str(&format!("{:02}", y.rem_euclid(100))),
-            Some('m') => out.push_str(&format!("{m:02}")),
-            Some('d') => out.push_str(&format!("{d:02}")),
-            Some('e') => out.push_str(&format!("{d:>2}")),
-            Some('H') => out.push_str(&format!("{h:02}")),
-            Some('M') => out.push_str(&format!("{mi:02}")),
-            Some('S') => out.push_str(&format!("{s:02}")),
-            Some('B') => out.push_str(month),
-            Some('b') => out.push_str(&month[..3]),
-            Some('A') => out.push_str(weekday),
-            Some('a') => out.push_str(&weekday[..3]),
-            Some('j') => out.push_str(&format!("{jday:03}")),
-            Some('%') => out.push('%'),
-            Some(other) => {
-                out.push('%');
-                out.push(other);
-            }
-            None => out.push('%'),
-        }
-    }
-    out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn strftime_known_dates() {
-        // 2024-02-29 13:05:09 UTC, a Thursday.
-        assert_eq!(
-            strftime("%Y-%m-%d %H:%M:%S %a %b %j %%", 1_709_211_909),
-            "2024-02-29 13:05:09 Thu Feb 060 %"
-        );
-        assert_eq!(strftime("%d %B %Y", 0), "01 January 1970");
-    }
-
-    #[test]
-    fn python_floats() {
-        assert_eq!(python_float(1.0), "1.0");
-        assert_eq!(python_float(0.5), "0.5");
-        assert_eq!(python_float(1e-6), "1e-06");
     }
 }

@@ -1,0 +1,64 @@
+//! Weights by Hugging Face name: the map every loader fills, deterministic random
+//! weights for `random:SHAPE` and tests, and the checked lookup the model is built with.
+use super::arch::{is_norm, ArchConfig};
+use anyhow::{anyhow, bail, Result};
+use candle_core::{DType, Device, Tensor};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use std::collections::HashMap;
+
+/// Model tensors by Hugging Face name, already in the target dtype and device.
+pub type Weights = HashMap<String, Tensor>;
+
+/// Hugging-Face-like random init: normal(0, 0.02) for matrices and biases, ones for
+/// norms. Deterministic in `seed` (our ChaCha RNG, not candle's).
+pub fn random_weights(
+    cfg: &ArchConfig,
+    seed: u64,
+    dtype: DType,
+    device: &Device,
+) -> Result<Weights> {
+    cfg.validate()?;
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let mut w = Weights::new();
+    for (name, shape) in cfg.tensor_shapes() {
+        let n: usize = shape.iter().product();
+        let vals: Vec<f32> = if is_norm(&name) {
+            vec![1.0; n]
+        } else {
+            (0..n).map(|_| 0.02 * normal(&mut rng)).collect()
+        };
+        let t = Tensor::from_vec(vals, shape, device)?.to_dtype(dtype)?;
+        w.insert(name, t);
+    }
+    Ok(w)
+}
+
+/// A standard normal sample (Box-Muller) from our seeded RNG.
+pub fn normal(rng: &mut ChaCha8Rng) -> f32 {
+    let u1: f64 = rng.gen::<f64>().max(1e-300);
+    let u2: f64 = rng.gen();
+    ((-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos()) as f32
+}
+
+/// The tensor `name`, checked to have `shape` and `dtype` (errors name the tensor).
+pub(crate) fn check_tensor(
+    w: &Weights,
+    name: &str,
+    shape: &[usize],
+    dtype: DType,
+) -> Result<Tensor> {
+    let t = w
+        .get(name)
+        .ok_or_else(|| anyhow!("missing tensor {name} (expected shape {shape:?})"))?;
+    if t.dims() != shape {
+        bail!("tensor {name} has shape {:?}, expected {shape:?}", t.dims());
+    }
+    if t.dtype() != dtype {
+        bail!(
+            "tensor {name} has dtype {:?}, expected {dtype:?} (like model.embed_tokens.weight)",
+            t.dtype()
+        );
+    }
+    Ok(t.clone())
+}
