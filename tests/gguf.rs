@@ -22,7 +22,7 @@ use concord::model::gguf::{
 use concord::model::load::{load_checkpoint, load_model, LoadedModel, ModelRef, ModelSpec};
 use concord::model::score::score_completion;
 use concord::model::tiny::family::{
-    config_json, tokenizer_config_json, tokenizer_json, LLAMA3_CHAT_TEMPLATE, QWEN3_CHAT_TEMPLATE,
+    tokenizer_config_json, tokenizer_json, LLAMA3_CHAT_TEMPLATE, QWEN3_CHAT_TEMPLATE,
 };
 use concord::model::tiny::{qwen_tokenizer_json, tensor_values, TinySpec, QWEN25_CHAT_TEMPLATE};
 use concord::model::tokenizer::Tokenizer;
@@ -275,7 +275,7 @@ fn write_safetensors(
     tokenizer_config: serde_json::Value,
 ) {
     std::fs::create_dir_all(st).unwrap();
-    let mut cfg = config_json(spec);
+    let mut cfg = spec.config_json();
     let eps = spec.arch_config().rms_norm_eps as f32;
     cfg["rms_norm_eps"] = serde_json::json!(f64::from(eps));
     for (k, v) in ids.as_object().unwrap() {
@@ -376,15 +376,7 @@ fn logprob_gap(a: &LoadedModel, b: &LoadedModel) -> f32 {
 fn assert_weights_equal(weights: &HashMap<String, Tensor>, want: &HashMap<String, Tensor>) {
     assert_eq!(weights.len(), want.len());
     for (name, t) in want {
-        let d = (&weights[name] - t)
-            .unwrap()
-            .abs()
-            .unwrap()
-            .flatten_all()
-            .unwrap()
-            .max(0)
-            .unwrap();
-        assert_eq!(d.to_scalar::<f32>().unwrap(), 0.0, "{name}");
+        assert_eq!(crate::util::max_abs_diff(&weights[name], t), 0.0, "{name}");
     }
 }
 

@@ -191,6 +191,7 @@ fn grads(m: &Transformer, p: &Packed, groups: Option<&[Range<usize>]>, ck: bool)
         model: m,
         mode: Mode::Train { dropout_seed: 5 },
         checkpoints: ck.then_some(&checkpoints),
+        base_only: false,
     };
     let (lp, _) = match groups {
         Some(g) => f.logprobs_shared(p, g, 0.9, true).unwrap(),

@@ -4,8 +4,8 @@ use crate::util::max_abs_diff;
 use candle_core::{DType, Device, IndexOp, Tensor, Var, D};
 use concord::model::lora::LoraConfig;
 use concord::model::ops;
-use concord::model::Input;
 use concord::model::{random_weights, ArchConfig, Mode, Transformer, Weights};
+use concord::model::{Input, Pass};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -460,6 +460,23 @@ fn peft_save_load_round_trip_and_disabled_adapter_is_base() {
     assert!(max_abs_diff(&lp(&model), &base_lp) < 1e-6);
     model.set_adapter_enabled(true);
     assert!(max_abs_diff(&lp(&model), &with) < 1e-6);
+    // A base-only pass is the base model for that forward alone, the adapter left on.
+    let base_pass = Pass {
+        base_only: true,
+        ..Pass::default()
+    };
+    let h = model
+        .forward(Input::rows(&ids, None), base_pass)
+        .unwrap()
+        .rows;
+    let t = ids.dim(1).unwrap();
+    let h = h.narrow(1, 0, t - 1).unwrap();
+    let base_only_lp = model
+        .token_logprobs(&h, &ids.narrow(1, 1, t - 1).unwrap(), 1.0, false)
+        .unwrap()
+        .logprobs;
+    assert!(max_abs_diff(&base_only_lp, &base_lp) < 1e-6);
+    assert!(model.adapter_enabled());
 
     // Loading validates shapes and names the tensor.
     let mut bad = serde_json::from_str::<serde_json::Value>(

@@ -255,25 +255,24 @@ impl Learner<'_> {
         let checkpoints = setup.ckpt.then(Checkpoints::new);
         let rows: Vec<&Sequence> = mb.rows.iter().map(|&i| &seqs[i]).collect();
         let packed = pack(&rows, self.pad_id)?;
-        let logprobs = |mode: Mode, entropy: bool, ck: Option<&Checkpoints>| {
+        let logprobs = |mode: Mode, entropy: bool, ck: Option<&Checkpoints>, base_only| {
             let f = Forward {
                 model: self.model,
                 mode,
                 checkpoints: ck,
+                base_only,
             };
             match &mb.groups {
                 Some(gr) => f.logprobs_shared(&packed, gr, g.temperature, entropy),
                 None => f.logprobs(&packed, g.temperature, entropy),
             }
         };
-        let (lp, ent) = logprobs(Mode::Train { dropout_seed }, true, checkpoints.as_ref())?;
+        let train = Mode::Train { dropout_seed };
+        let (lp, ent) = logprobs(train, true, checkpoints.as_ref(), false)?;
         let reference = if g.beta > 0.0 {
             // With LoRA the reference policy is the base model: the same weights with
-            // the adapter switched off, no copy.
-            self.model.set_adapter_enabled(false);
-            let r = logprobs(Mode::Detached, false, None);
-            self.model.set_adapter_enabled(true);
-            Some(r?.0)
+            // the adapter off for this forward, no copy.
+            Some(logprobs(Mode::Detached, false, None, true)?.0)
         } else {
             None
         };

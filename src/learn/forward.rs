@@ -25,13 +25,15 @@ pub fn completion_logprobs(
     Forward::new(model, mode).logprobs(p, temperature, entropy)
 }
 
-/// How a training forward runs: the model, the [`Mode`], and with activation
-/// checkpointing the record its backward is finished from.
+/// How a training forward runs: the model, the [`Mode`], with activation checkpointing
+/// the record its backward is finished from, and whether it is the base model (the
+/// reference policy: the adapter off for this forward only).
 #[derive(Clone, Copy)]
 pub struct Forward<'a> {
     pub model: &'a Transformer,
     pub mode: Mode,
     pub checkpoints: Option<&'a Checkpoints>,
+    pub base_only: bool,
 }
 
 impl<'a> Forward<'a> {
@@ -41,6 +43,7 @@ impl<'a> Forward<'a> {
             model,
             mode,
             checkpoints: None,
+            base_only: false,
         }
     }
 
@@ -55,10 +58,7 @@ impl<'a> Forward<'a> {
         let dev = model.device().clone();
         let ids = Tensor::from_vec(p.ids.clone(), (p.rows, p.width), &dev)?;
         let hidden = model
-            .forward(
-                Input::rows(&ids, Some(&p.attention)),
-                Pass::checkpointed(self.mode, self.checkpoints),
-            )?
+            .forward(Input::rows(&ids, Some(&p.attention)), self.pass(self.mode))?
             .rows;
         let h = hidden.narrow(1, p.prompt_len - 1, p.comp_len)?;
         let targets = Tensor::from_vec(p.targets.clone(), (p.rows, p.comp_len), &dev)?;
@@ -67,6 +67,14 @@ impl<'a> Forward<'a> {
     }
 
     /// [`completion_logprobs_shared`].
+    fn pass(&self, mode: Mode) -> Pass<'a> {
+        Pass {
+            mode,
+            base_only: self.base_only,
+            checkpoints: self.checkpoints,
+        }
+    }
+
     pub fn logprobs_shared(
         &self,
         p: &Packed,
@@ -190,17 +198,14 @@ fn shared(
             }
             let ids = Tensor::from_vec(ids, (g, cin), &dev)?;
             let input = Input::shared(&prompt_t, &ids, Some(&mask));
-            let h = model.forward(input, Pass::checkpointed(gmode, f.checkpoints))?;
+            let h = model.forward(input, f.pass(gmode))?;
             let hp = h
                 .prompt
                 .ok_or_else(|| anyhow::anyhow!("a shared forward returns its prompt"))?;
             ops::prefix_cat(&hp.narrow(1, plen - 1, 1)?, &h.rows, 1)?
         } else {
             let hp = model
-                .forward(
-                    Input::rows(&prompt_t, None),
-                    Pass::checkpointed(gmode, f.checkpoints),
-                )?
+                .forward(Input::rows(&prompt_t, None), f.pass(gmode))?
                 .rows;
             let hid = hp.dim(2)?;
             hp.narrow(1, plen - 1, 1)?.broadcast_as((g, 1, hid))?

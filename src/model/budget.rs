@@ -555,6 +555,30 @@ mod tests {
     }
 
     #[test]
+    fn qwen3_estimates_hold_its_normed_heads() {
+        // Qwen3-0.6B without checkpointing: each layer keeps the head-normed queries and
+        // keys too, (16 + 8) x 128 values per token, 28 layers, f32 -- the only
+        // difference from the same shape without q/k norms.
+        let q3 = ArchConfig::qwen3_06b();
+        let no_norm = ArchConfig {
+            family: crate::model::Family::Llama,
+            rope_scaling: None,
+            ..q3.clone()
+        };
+        let est = |c: &ArchConfig| {
+            let chunk = crate::model::transformer::default_logprob_chunk(c.vocab_size);
+            TrainMemory::from_config(c, DType::F32, Some(&LoraConfig::default()), chunk, false)
+                .estimate(TrainShape::Packed {
+                    rows: 2,
+                    width: 100,
+                    scored: 20,
+                })
+        };
+        let extra = est(&q3).held - est(&no_norm).held;
+        assert_eq!(extra, 28.0 * 200.0 * (24.0 * 128.0) * 4.0);
+    }
+
+    #[test]
     fn local_processes_come_from_the_launcher() {
         let env = |pairs: &'static [(&'static str, &'static str)]| {
             move |k: &str| {

@@ -10,7 +10,7 @@ use crate::model::generation::id_list;
 /// config.json beyond the architecture numbers.
 #[derive(Debug, Clone, PartialEq)]
 pub struct CheckpointConfig {
-    pub qwen2: ArchConfig,
+    pub arch: ArchConfig,
     pub architectures: Vec<String>,
     /// `torch_dtype` (4.x) or `dtype` (5.x): the stored weights' dtype.
     pub stored_dtype: Option<String>,
@@ -32,9 +32,27 @@ fn need_usize(j: &Json, key: &str) -> Result<usize> {
     get_usize(j, key)?.ok_or_else(|| anyhow!("config.json: missing {key}"))
 }
 
-/// Parse config.json (transformers 4.x or 5.x dialect) of a Qwen2ForCausalLM.
+/// Parse config.json (transformers 4.x or 5.x dialect) of a Qwen2, Qwen3 or Llama model.
 pub fn parse_config(text: &str) -> Result<CheckpointConfig> {
     let j: Json = serde_json::from_str(text).context("config.json is not valid JSON")?;
+    let (family, architectures) = family_of(&j)?;
+    check_supported(&j, family)?;
+    let arch = arch_of(&j, family)?;
+    let stored_dtype = j["dtype"]
+        .as_str()
+        .or_else(|| j["torch_dtype"].as_str())
+        .map(String::from);
+    Ok(CheckpointConfig {
+        arch,
+        architectures,
+        stored_dtype,
+        bos_token_id: j["bos_token_id"].as_u64().map(|x| x as u32),
+        eos_token_ids: id_list(&j["eos_token_id"]),
+    })
+}
+
+/// The family `architectures` (or, without it, `model_type`) names.
+fn family_of(j: &Json) -> Result<(Family, Vec<String>)> {
     let architectures: Vec<String> = j["architectures"]
         .as_array()
         .map(|a| {
@@ -51,18 +69,25 @@ pub fn parse_config(text: &str) -> Result<CheckpointConfig> {
             .iter()
             .find_map(|a| Family::from_architecture(a))
     };
-    let Some(family) = family else {
-        let got = if architectures.is_empty() {
-            format!("model_type {model_type:?}")
-        } else {
-            format!("{architectures:?}")
-        };
-        let known: Vec<&str> = Family::ALL.iter().map(|f| f.architecture()).collect();
-        bail!(
-            "unsupported architecture {got}: Concord loads {}",
-            known.join(", ")
-        );
-    };
+    match family {
+        Some(f) => Ok((f, architectures)),
+        None => {
+            let got = if architectures.is_empty() {
+                format!("model_type {model_type:?}")
+            } else {
+                format!("{architectures:?}")
+            };
+            let known: Vec<&str> = Family::ALL.iter().map(|f| f.architecture()).collect();
+            bail!(
+                "unsupported architecture {got}: Concord loads {}",
+                known.join(", ")
+            )
+        }
+    }
+}
+
+/// Options of the family's transformers class that Concord does not implement.
+fn check_supported(j: &Json, family: Family) -> Result<()> {
     if let Some(act) = j["hidden_act"].as_str() {
         if act != "silu" {
             bail!("config.json: hidden_act {act:?} is not supported ({family} uses silu)");
@@ -71,7 +96,6 @@ pub fn parse_config(text: &str) -> Result<CheckpointConfig> {
     if j["mlp_bias"].as_bool() == Some(true) {
         bail!("config.json: mlp_bias = true is not supported");
     }
-    let (rope_theta, rope_scaling) = parse_rope(&j, family)?;
     let sliding = j["use_sliding_window"].as_bool().unwrap_or(false)
         || j["layer_types"]
             .as_array()
@@ -79,60 +103,55 @@ pub fn parse_config(text: &str) -> Result<CheckpointConfig> {
     if sliding {
         bail!("config.json: sliding-window attention is not supported");
     }
-    let hidden_size = need_usize(&j, "hidden_size")?;
-    let num_attention_heads = need_usize(&j, "num_attention_heads")?;
+    Ok(())
+}
+
+/// The architecture numbers, checked.
+fn arch_of(j: &Json, family: Family) -> Result<ArchConfig> {
+    let hidden_size = need_usize(j, "hidden_size")?;
+    let num_attention_heads = need_usize(j, "num_attention_heads")?;
     if num_attention_heads == 0 {
         bail!("config.json: num_attention_heads must be positive");
     }
-    let num_key_value_heads = get_usize(&j, "num_key_value_heads")?.unwrap_or(num_attention_heads);
+    let num_key_value_heads = get_usize(j, "num_key_value_heads")?.unwrap_or(num_attention_heads);
     if num_key_value_heads == 0 || num_attention_heads % num_key_value_heads != 0 {
         bail!(
             "config.json: num_attention_heads ({num_attention_heads}) must be a multiple of \
              num_key_value_heads ({num_key_value_heads})"
         );
     }
-    let head_dim = get_usize(&j, "head_dim")?.unwrap_or(hidden_size / num_attention_heads);
-    let qwen2 = ArchConfig {
+    let (rope_theta, rope_scaling) = parse_rope(j, family)?;
+    let arch = ArchConfig {
         family,
-        vocab_size: need_usize(&j, "vocab_size")?,
+        vocab_size: need_usize(j, "vocab_size")?,
         hidden_size,
-        intermediate_size: need_usize(&j, "intermediate_size")?,
-        num_hidden_layers: need_usize(&j, "num_hidden_layers")?,
+        intermediate_size: need_usize(j, "intermediate_size")?,
+        num_hidden_layers: need_usize(j, "num_hidden_layers")?,
         num_attention_heads,
         num_key_value_heads,
-        head_dim,
-        max_position_embeddings: get_usize(&j, "max_position_embeddings")?.unwrap_or(32_768),
+        head_dim: get_usize(j, "head_dim")?.unwrap_or(hidden_size / num_attention_heads),
+        max_position_embeddings: get_usize(j, "max_position_embeddings")?.unwrap_or(32_768),
         rope_theta,
         rope_scaling,
         rms_norm_eps: j["rms_norm_eps"].as_f64().unwrap_or(1e-6),
         tie_word_embeddings: j["tie_word_embeddings"].as_bool().unwrap_or(false),
         attention_bias: j["attention_bias"].as_bool().unwrap_or(false),
     };
-    let eps = qwen2.rms_norm_eps;
+    let eps = arch.rms_norm_eps;
     if !(eps > 0.0 && eps.is_finite()) {
         bail!("config.json: rms_norm_eps must be a positive number, got {eps}");
     }
-    if !(qwen2.rope_theta > 0.0 && qwen2.rope_theta.is_finite()) {
+    if !(arch.rope_theta > 0.0 && arch.rope_theta.is_finite()) {
         bail!(
             "config.json: rope_theta must be a positive number, got {}",
-            qwen2.rope_theta
+            arch.rope_theta
         );
     }
-    if qwen2.max_position_embeddings == 0 {
+    if arch.max_position_embeddings == 0 {
         bail!("config.json: max_position_embeddings must be positive");
     }
-    qwen2.validate().context("config.json")?;
-    let stored_dtype = j["dtype"]
-        .as_str()
-        .or_else(|| j["torch_dtype"].as_str())
-        .map(String::from);
-    Ok(CheckpointConfig {
-        qwen2,
-        architectures,
-        stored_dtype,
-        bos_token_id: j["bos_token_id"].as_u64().map(|x| x as u32),
-        eos_token_ids: id_list(&j["eos_token_id"]),
-    })
+    arch.validate().context("config.json")?;
+    Ok(arch)
 }
 
 /// RoPE: 4.x top-level `rope_theta` and `rope_scaling`, 5.x `rope_parameters` holding
@@ -185,4 +204,35 @@ pub fn read_config(path: &Path) -> Result<CheckpointConfig> {
     let text =
         std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     parse_config(&text).with_context(|| format!("in {}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Llama-3.2-1B's config.json as transformers 4.x writes it (top-level `rope_theta`,
+    /// `rope_scaling`) and as 5.x writes it (`rope_parameters`): the same architecture.
+    #[test]
+    fn llama3_config_in_both_dialects() {
+        let common = r#""architectures": ["LlamaForCausalLM"], "model_type": "llama",
+            "hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16,
+            "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 64,
+            "vocab_size": 128256, "max_position_embeddings": 131072, "rms_norm_eps": 1e-5,
+            "tie_word_embeddings": true, "attention_bias": false, "mlp_bias": false,
+            "hidden_act": "silu""#;
+        let scaling = r#""factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192, "rope_type": "llama3""#;
+        let v4 = format!(r#"{{{common}, "rope_theta": 500000.0, "rope_scaling": {{{scaling}}}}}"#);
+        let v5 =
+            format!(r#"{{{common}, "rope_parameters": {{"rope_theta": 500000.0, {scaling}}}}}"#);
+        let a = parse_config(&v4).unwrap().arch;
+        assert_eq!(a, ArchConfig::llama32_1b());
+        assert_eq!(parse_config(&v5).unwrap().arch, a);
+        // llama3 scaling belongs to Llama; a Qwen3 config that asks for it is refused.
+        let q = v4
+            .replace("LlamaForCausalLM", "Qwen3ForCausalLM")
+            .replace("\"llama\"", "\"qwen3\"");
+        let e = parse_config(&q).unwrap_err().to_string();
+        assert!(e.contains("llama3") && e.contains("qwen3"), "{e}");
+    }
 }

@@ -351,7 +351,7 @@ pub fn load_safetensors(
         files.chat_template.as_deref(),
         &eos,
     )?;
-    let mut config = info.qwen2.clone();
+    let mut config = info.arch.clone();
     if tokenizer.vocab_size() > config.vocab_size {
         bail!(
             "the tokenizer has {} ids but the model's vocab_size is {}",
@@ -362,7 +362,7 @@ pub fn load_safetensors(
     let dtype = dtype.unwrap_or_else(|| default_dtype(device));
     check_dtype_supported(dtype, device)?;
     let weights = load_weights(&files.weights, &mut config, dtype, device)?;
-    if config.tie_word_embeddings && !info.qwen2.tie_word_embeddings && says_untied(&files.config) {
+    if config.tie_word_embeddings && !info.arch.tie_word_embeddings && says_untied(&files.config) {
         // Tying is what this loader has always done here (tests/load_checkpoint.rs pins
         // it); transformers would leave a random head. Never silently.
         crate::note!(

@@ -264,7 +264,7 @@ pub fn load_checkpoint(path: &Path, dtype: Option<DType>, device: &Device) -> Re
         ..GenerationConfig::default()
     };
     let info = CheckpointConfig {
-        qwen2: g.config.clone(),
+        arch: g.config.clone(),
         architectures: vec![g.config.family.architecture().to_string()],
         stored_dtype: Some(g.tensor_types.keys().cloned().collect::<Vec<_>>().join("+")),
         bos_token_id: g.bos_token_id,

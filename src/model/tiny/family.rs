@@ -1,8 +1,7 @@
 //! What a tiny checkpoint of each family ships besides its weights: config.json in the
 //! dialect its Hub repos use, the family's real tokenizer and chat template (embedded,
 //! so `init-tiny` works offline), and generation_config.json.
-use super::TinySpec;
-use crate::model::arch::{Family, RopeScaling};
+use crate::model::arch::{ArchConfig, Family, RopeScaling};
 use anyhow::{Context, Result};
 use serde_json::json;
 use std::io::Read;
@@ -139,13 +138,8 @@ pub fn tokenizer_config_json(family: Family, tokenizer_json: &[u8]) -> Result<se
 /// tokenizer's post-processor would add a second one to text encoded with special
 /// tokens), the end of a turn is `<|eot_id|>`.
 fn llama_tokenizer_config(tokenizer_json: &[u8]) -> Result<serde_json::Value> {
-    let mut decoder = serde_json::Map::new();
-    for t in added_tokens(tokenizer_json)? {
-        let id = t["id"].as_u64().unwrap_or_default();
-        decoder.insert(id.to_string(), added_token_entry(&t));
-    }
     Ok(json!({
-        "added_tokens_decoder": decoder,
+        "added_tokens_decoder": added_tokens_decoder(tokenizer_json)?,
         "bos_token": "<|begin_of_text|>",
         "chat_template": LLAMA3_CHAT_TEMPLATE,
         "clean_up_tokenization_spaces": true,
@@ -156,15 +150,26 @@ fn llama_tokenizer_config(tokenizer_json: &[u8]) -> Result<serde_json::Value> {
     }))
 }
 
-fn added_token_entry(t: &serde_json::Value) -> serde_json::Value {
-    json!({
-        "content": t["content"],
-        "lstrip": t["lstrip"],
-        "normalized": t["normalized"],
-        "rstrip": t["rstrip"],
-        "single_word": t["single_word"],
-        "special": t["special"],
-    })
+/// tokenizer_config.json's `added_tokens_decoder`: tokenizer.json's added tokens by id.
+fn added_tokens_decoder(
+    tokenizer_json: &[u8],
+) -> Result<serde_json::Map<String, serde_json::Value>> {
+    let mut decoder = serde_json::Map::new();
+    for t in added_tokens(tokenizer_json)? {
+        let id = t["id"].as_u64().unwrap_or_default();
+        decoder.insert(
+            id.to_string(),
+            json!({
+                "content": t["content"],
+                "lstrip": t["lstrip"],
+                "normalized": t["normalized"],
+                "rstrip": t["rstrip"],
+                "single_word": t["single_word"],
+                "special": t["special"],
+            }),
+        );
+    }
+    Ok(decoder)
 }
 
 /// generation_config.json as the family's Instruct checkpoints ship it (stop ids).
@@ -186,8 +191,7 @@ pub fn generation_config_json(family: Family) -> serde_json::Value {
 
 /// config.json in the dialect the family's Hub repos use (transformers 4.x: top-level
 /// `rope_theta`, `rope_scaling`, `torch_dtype`).
-pub fn config_json(spec: &TinySpec) -> serde_json::Value {
-    let c = spec.arch_config();
+pub fn config_json(c: &ArchConfig, torch_dtype: &str) -> serde_json::Value {
     let mut j = json!({
         "architectures": [c.family.architecture()],
         "attention_dropout": 0.0,
@@ -203,7 +207,7 @@ pub fn config_json(spec: &TinySpec) -> serde_json::Value {
         "rms_norm_eps": c.rms_norm_eps,
         "rope_theta": c.rope_theta,
         "tie_word_embeddings": c.tie_word_embeddings,
-        "torch_dtype": spec.dtype.torch_name(),
+        "torch_dtype": torch_dtype,
         "use_cache": true,
         "vocab_size": c.vocab_size,
     });
@@ -256,21 +260,7 @@ pub fn config_json(spec: &TinySpec) -> serde_json::Value {
 /// tokenizer_config.json as Qwen2.5-Instruct and Qwen3 ship it (added tokens taken from
 /// tokenizer.json), with the family's chat template.
 fn qwen_tokenizer_config(tokenizer_json: &[u8], template: &str) -> Result<serde_json::Value> {
-    let mut decoder = serde_json::Map::new();
-    for t in added_tokens(tokenizer_json)? {
-        let id = t["id"].as_u64().unwrap_or_default();
-        decoder.insert(
-            id.to_string(),
-            json!({
-                "content": t["content"],
-                "lstrip": t["lstrip"],
-                "normalized": t["normalized"],
-                "rstrip": t["rstrip"],
-                "single_word": t["single_word"],
-                "special": t["special"],
-            }),
-        );
-    }
+    let decoder = added_tokens_decoder(tokenizer_json)?;
     Ok(json!({
         "add_bos_token": false,
         "add_prefix_space": false,

@@ -205,6 +205,11 @@ impl TinySpec {
         }
     }
 
+    /// config.json as the family's Hub repos write it.
+    pub fn config_json(&self) -> serde_json::Value {
+        family::config_json(&self.arch_config(), self.dtype.torch_name())
+    }
+
     /// (name, shape) of every tensor the checkpoint holds, in a fixed order.
     pub fn tensor_shapes(&self) -> Vec<(String, Vec<usize>)> {
         self.arch_config().tensor_shapes()
@@ -287,7 +292,7 @@ pub fn init_tiny(spec: &TinySpec, out: &Path) -> Result<Vec<PathBuf>> {
     written.push(write_atomic(
         out,
         "config.json",
-        &json_bytes(&family::config_json(spec))?,
+        &json_bytes(&spec.config_json())?,
     )?);
     let tok = family::tokenizer_json(spec.family)?;
     written.push(write_atomic(out, "tokenizer.json", &tok)?);

@@ -7,7 +7,7 @@ use super::super::arch::ArchConfig;
 use super::super::lora::{LoraLinear, LoraRun, LORA_TARGETS};
 use super::super::ops;
 use super::super::weights::{check_tensor, Weights};
-use super::Mode;
+use super::mode::Mode;
 use anyhow::Result;
 use candle_core::{DType, Tensor};
 

@@ -5,8 +5,9 @@
 use super::block::{Adapters, Block};
 use super::cache::KvCache;
 use super::mask::{self, Layout};
+use super::mode::Mode;
 use super::recompute::{Checkpoints, Layers, Segment};
-use super::{Mode, Transformer};
+use super::Transformer;
 use crate::model::ops;
 use anyhow::{anyhow, bail, Context, Result};
 use candle_core::{DType, Tensor, Var};

@@ -38,24 +38,8 @@ pub(super) fn packed(real: &[u8], b: usize, t: usize, device: &Device) -> Result
             n += u32::from(m != 0);
         }
     }
-    let mut add = vec![MASKED; b * t * t];
-    for bi in 0..b {
-        for i in 0..t {
-            let row = &mut add[(bi * t + i) * t..(bi * t + i + 1) * t];
-            for (j, r) in row.iter_mut().enumerate().take(i + 1) {
-                if real[bi * t + j] != 0 {
-                    *r = 0.0;
-                }
-            }
-        }
-    }
-    let mask = Tensor::from_vec(add, (b, 1, 1, t, t), device)?;
-    Ok(Layout {
-        rows: b,
-        cols: t,
-        positions,
-        mask,
-    })
+    // The same rule as a cache whose columns are exactly these tokens.
+    cached(real, t, (b, t, 0), positions, device)
 }
 
 /// `g` completions `[g, c]` of one all-real prompt of `p` tokens: each completion token

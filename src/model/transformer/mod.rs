@@ -39,6 +39,7 @@ pub mod block;
 pub mod cache;
 pub mod forward;
 pub mod mask;
+pub mod mode;
 pub mod recompute;
 pub mod rope;
 
@@ -54,20 +55,8 @@ use std::sync::atomic::AtomicBool;
 
 pub use cache::{KvCache, RowKv};
 pub use forward::{Hidden, Input, Pass};
+pub use mode::Mode;
 pub use recompute::Checkpoints;
-
-/// How a forward pass runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Mode {
-    /// No graph at all (sampling, reference log-probs, old log-probs): every tensor is
-    /// detached, nothing is recorded, no dropout.
-    #[default]
-    Detached,
-    /// Record the graph to the LoRA vars, no dropout (evaluation with gradients).
-    Grad,
-    /// Record the graph and apply LoRA dropout with masks drawn from `dropout_seed`.
-    Train { dropout_seed: u64 },
-}
 
 /// Log-probs of target tokens (and optionally the entropy of the distribution).
 #[derive(Debug, Clone)]
