@@ -148,15 +148,33 @@ def main():
     if not args.skip_hf:
         if args.model.startswith("random:"):
             # same shape as Concord's `random:` models (weights differ; timing does not)
-            from transformers import Qwen2Config
+            from transformers import LlamaConfig, Qwen2Config, Qwen3Config
+            qwen = dict(rope_theta=1_000_000.0, rms_norm_eps=1e-6, tie_word_embeddings=True)
             shapes = {
-                "tiny": dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                             num_attention_heads=4, num_key_value_heads=2),
-                "qwen2.5-0.5b": dict(vocab_size=151936, hidden_size=896, intermediate_size=4864,
-                                     num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2),
+                "tiny": (Qwen2Config, dict(vocab_size=512, hidden_size=64, intermediate_size=128,
+                                           num_hidden_layers=2, num_attention_heads=4,
+                                           num_key_value_heads=2, max_position_embeddings=32768, **qwen)),
+                "qwen2.5-0.5b": (Qwen2Config, dict(vocab_size=151936, hidden_size=896,
+                                                   intermediate_size=4864, num_hidden_layers=24,
+                                                   num_attention_heads=14, num_key_value_heads=2,
+                                                   max_position_embeddings=32768, **qwen)),
+                "qwen3-0.6b": (Qwen3Config, dict(vocab_size=151936, hidden_size=1024,
+                                                 intermediate_size=3072, num_hidden_layers=28,
+                                                 num_attention_heads=16, num_key_value_heads=8,
+                                                 head_dim=128, max_position_embeddings=40960, **qwen)),
+                "llama3.2-1b": (LlamaConfig, dict(vocab_size=128256, hidden_size=2048,
+                                                  intermediate_size=8192, num_hidden_layers=16,
+                                                  num_attention_heads=32, num_key_value_heads=8,
+                                                  head_dim=64, max_position_embeddings=131072,
+                                                  rope_theta=500_000.0, rms_norm_eps=1e-5,
+                                                  tie_word_embeddings=True,
+                                                  rope_scaling=dict(rope_type="llama3", factor=32.0,
+                                                                    low_freq_factor=1.0,
+                                                                    high_freq_factor=4.0,
+                                                                    original_max_position_embeddings=8192))),
             }
-            cfg = Qwen2Config(**shapes[args.model.split(":", 1)[1]], tie_word_embeddings=True,
-                              rope_theta=1_000_000.0, rms_norm_eps=1e-6, max_position_embeddings=32768)
+            config_class, shape = shapes[args.model.split(":", 1)[1]]
+            cfg = config_class(**shape)
             torch.manual_seed(0)
             model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
         else:
