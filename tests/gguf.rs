@@ -20,6 +20,7 @@ use concord::model::gguf::{
     TOKEN_UNUSED, TOKEN_USER_DEFINED,
 };
 use concord::model::load::{load_checkpoint, load_model, LoadedModel, ModelRef, ModelSpec};
+use concord::model::quant::{BaseDtype, QuantMode};
 use concord::model::score::score_completion;
 use concord::model::tiny::family::{
     tokenizer_config_json, tokenizer_json, LLAMA3_CHAT_TEMPLATE, QWEN3_CHAT_TEMPLATE,
@@ -407,7 +408,7 @@ fn gguf_weights_are_the_dequantized_tensors_in_the_requested_dtype() {
     let tmp = tempfile::tempdir().unwrap();
     let gguf = tiny_gguf(tmp.path(), false, None);
     let (_, deq) = quantized(&spec(false));
-    let m = load_gguf(&gguf, DType::F32, &Device::Cpu).unwrap();
+    let m = load_gguf(&gguf, DType::F32, &Device::Cpu, None).unwrap();
     assert_eq!(m.tokenizer_source, TokenizerSource::Metadata);
     assert_eq!(m.name.as_deref(), Some("tiny"));
     assert_eq!(m.eos_token_ids, vec![IM_END]);
@@ -423,7 +424,7 @@ fn gguf_weights_are_the_dequantized_tensors_in_the_requested_dtype() {
             m.tensor_types
         );
     }
-    let h = load_gguf(&gguf, DType::BF16, &Device::Cpu).unwrap();
+    let h = load_gguf(&gguf, DType::BF16, &Device::Cpu, None).unwrap();
     assert!(h.weights.values().all(|t| t.dtype() == DType::BF16));
 }
 
@@ -542,12 +543,13 @@ fn gguf_path_is_a_local_model_ref() {
         &ModelRef::parse("no/such/model.gguf").unwrap(),
         None,
         &Device::Cpu,
+        None,
     ));
     assert!(e.contains("does not exist"), "{e}");
 }
 
 fn load_err(path: &Path) -> String {
-    err_of(load_gguf(path, DType::F32, &Device::Cpu))
+    err_of(load_gguf(path, DType::F32, &Device::Cpu, None))
 }
 
 #[test]
@@ -571,6 +573,7 @@ fn gguf_truncated_file_is_named() {
         &ModelRef::Local(cut.clone()),
         None,
         &Device::Cpu,
+        None,
     ));
     assert!(e.contains("truncated GGUF file"), "{e}");
 }
@@ -674,7 +677,7 @@ fn gguf_unsupported_tensor_type_is_named() {
 fn gguf_real_model_loads() {
     let path = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join(".models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf");
-    let m = load_gguf(&path, DType::F32, &Device::Cpu).unwrap();
+    let m = load_gguf(&path, DType::F32, &Device::Cpu, None).unwrap();
     let c = &m.config;
     assert_eq!(
         (
@@ -732,7 +735,7 @@ fn gguf_qwen3_reads_back_the_hugging_face_tensors_and_logprobs() {
     let gguf = qwen_gguf(tmp.path(), &spec, Some(&st));
     let (_, deq) = quantized(&spec);
     assert!(deq.contains_key("model.layers.1.self_attn.k_norm.weight"));
-    let m = load_gguf(&gguf, DType::F32, &Device::Cpu).unwrap();
+    let m = load_gguf(&gguf, DType::F32, &Device::Cpu, None).unwrap();
     assert_eq!(m.config.family, Family::Qwen3);
     assert_eq!(m.config.head_dim, 128);
     assert_ne!(
@@ -749,7 +752,7 @@ fn gguf_qwen3_reads_back_the_hugging_face_tensors_and_logprobs() {
     assert_eq!(a.config, as_read(&spec));
     let max = logprob_gap(&a, &b);
     assert!(max <= 1e-6, "max |Δ logprob| = {max}");
-    let info = load_checkpoint(&ModelRef::Local(gguf), None, &Device::Cpu).unwrap();
+    let info = load_checkpoint(&ModelRef::Local(gguf), None, &Device::Cpu, None).unwrap();
     assert_eq!(info.info.architectures, vec!["Qwen3ForCausalLM"]);
 }
 
@@ -917,7 +920,7 @@ fn gguf_llama_reads_back_the_hugging_face_tensors_and_config() {
     assert!(factors.contains(&1.0) && factors.contains(&8.0));
     assert!(factors.iter().any(|f| *f > 1.0 && *f < 8.0), "{factors:?}");
 
-    let m = load_gguf(&gguf, DType::F32, &Device::Cpu).unwrap();
+    let m = load_gguf(&gguf, DType::F32, &Device::Cpu, None).unwrap();
     assert_weights_equal(&m.weights, &deq);
     let want = ArchConfig {
         rope_scaling: Some(RopeScaling::Factors(factors)),
@@ -935,7 +938,7 @@ fn gguf_llama_reads_back_the_hugging_face_tensors_and_config() {
 
     // Read as stored (no permutation written), q and k come back in the wrong row order.
     let (plain, _, _) = llama_gguf(tmp.path(), "unpermuted.gguf", false, |_, _| {});
-    let p = load_gguf(&plain, DType::F32, &Device::Cpu).unwrap();
+    let p = load_gguf(&plain, DType::F32, &Device::Cpu, None).unwrap();
     for (name, t) in &deq {
         let same = max_abs_diff(&p.weights[name], t) == 0.0;
         let permuted = name.contains(".q_proj.") || name.contains(".k_proj.");
@@ -1002,7 +1005,7 @@ fn gguf_llama_rope_factors_give_the_logprobs_of_the_llama3_config() {
     for id in [L_END_OF_TEXT, L_EOM, L_EOT] {
         assert!(tok.is_stop(id), "{id}");
     }
-    let info = load_checkpoint(&ModelRef::Local(gguf), None, &Device::Cpu).unwrap();
+    let info = load_checkpoint(&ModelRef::Local(gguf), None, &Device::Cpu, None).unwrap();
     assert_eq!(info.info.architectures, vec!["LlamaForCausalLM"]);
     assert_eq!(
         info.generation_config.eos_token_ids,
@@ -1164,4 +1167,90 @@ fn gguf_llama3_tokenizer_from_metadata_equals_the_bundled_one() {
         fallback.encode(texts[1]).unwrap(),
         bundled.encode(texts[1]).unwrap()
     );
+}
+
+// ---------------------------------------------------------------------------------------
+// A quantized base (`base_dtype = "gguf"`): the file's blocks, kept
+
+/// The bytes of each Hugging Face tensor quantized in its [`qtype`] (Hugging Face row
+/// order). Every block is one row (hidden 256; MLP 512 is two blocks of one row), so
+/// these are also the converter's blocks with Llama's q/k rows un-permuted.
+fn hf_blocks(spec: &TinySpec) -> HashMap<String, (GgmlDType, Vec<u8>)> {
+    spec.tensor_shapes()
+        .into_iter()
+        .map(|(hf, shape)| {
+            let vals = tensor_values(spec, &hf, &shape);
+            let t = Tensor::from_vec(vals, shape.as_slice(), &Device::Cpu).unwrap();
+            let q = QTensor::quantize(&t, qtype(&hf)).unwrap();
+            (hf, (q.dtype(), q.data().unwrap().to_vec()))
+        })
+        .collect()
+}
+
+#[test]
+fn gguf_base_keeps_the_files_blocks_bit_for_bit() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (llama, _, _) = llama_gguf(tmp.path(), "llama.gguf", true, |_, _| {});
+    let (untied, tied) = (tmp.path().join("untied"), tmp.path().join("tied"));
+    std::fs::create_dir_all(&untied).unwrap();
+    std::fs::create_dir_all(&tied).unwrap();
+    for (path, spec) in [
+        (tiny_gguf(&untied, false, None), spec(false)),
+        (tiny_gguf(&tied, true, None), spec(true)),
+        (llama, llama_spec()),
+    ] {
+        let want = hf_blocks(&spec);
+        let m = load_gguf(&path, DType::F32, &Device::Cpu, Some(QuantMode::Gguf)).unwrap();
+        // 2 layers x 7 projections + the head; a tied head is token_embd's blocks.
+        assert_eq!(m.quant.len(), 15, "{}", spec.family);
+        for (hf, q) in &m.quant {
+            let src = if hf == "lm_head.weight" && spec.tie {
+                "model.embed_tokens.weight"
+            } else {
+                hf.as_str()
+            };
+            let (ty, bytes) = &want[src];
+            assert_eq!(q.dtype(), *ty, "{hf}");
+            assert!(
+                q.bytes().unwrap().as_ref() == bytes.as_slice(),
+                "{hf}: blocks changed"
+            );
+            assert!(!m.weights.contains_key(hf), "{hf} also dense");
+        }
+        // The embedding, norms (and nothing else) stay dense.
+        assert!(m.weights.contains_key("model.embed_tokens.weight"));
+        assert!(m.weights.keys().all(|k| !k.ends_with("_proj.weight")));
+    }
+}
+
+#[test]
+fn gguf_base_scores_like_the_dequantized_model() {
+    let tmp = tempfile::tempdir().unwrap();
+    let gguf = tiny_gguf(tmp.path(), false, None);
+    let dense = f32_model(&gguf);
+    let quant = load_model(&ModelSpec {
+        dtype: Some(DType::F32),
+        base_dtype: Some(BaseDtype::Quant(QuantMode::Gguf)),
+        ..ModelSpec::new(gguf.to_str().unwrap(), Device::Cpu)
+    })
+    .unwrap();
+    assert!(quant.model.has_quantized_base());
+    let gap = logprob_gap(&dense, &quant);
+    assert!(gap < 1e-4, "max |Δ logprob| = {gap}");
+    // q4_k requantizes what is not Q4_K (Q6_K for the head): a different model, close.
+    let q4 = load_model(&ModelSpec {
+        dtype: Some(DType::F32),
+        base_dtype: Some(BaseDtype::Quant(QuantMode::Q4K)),
+        ..ModelSpec::new(gguf.to_str().unwrap(), Device::Cpu)
+    })
+    .unwrap();
+    let types: Vec<String> = q4
+        .model
+        .base_storage()
+        .into_iter()
+        .map(|(t, _, _)| t)
+        .collect();
+    assert_eq!(types, ["q4_k", "q6_k"]);
+    let gap = logprob_gap(&dense, &q4);
+    assert!(gap > 1e-4 && gap < 0.5, "q4_k: max |Δ logprob| = {gap}");
 }

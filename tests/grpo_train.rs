@@ -429,6 +429,7 @@ fn bench_train_random_05b() {
         batch: 8,
         seq: 160,
         iters: 1,
+        base_dtype: None,
         dtype: DType::F32,
         device: Device::Cpu,
         r: 16,

@@ -45,7 +45,7 @@ fn tiny_model_loads_with_expected_tensors() {
     ] {
         assert!(dir.path().join(f).is_file(), "{f} written");
     }
-    let ck = load_checkpoint(&local(dir.path()), None, &Device::Cpu).unwrap();
+    let ck = load_checkpoint(&local(dir.path()), None, &Device::Cpu, None).unwrap();
     assert_eq!(ck.dtype, DType::F32);
     let c = &ck.config;
     assert_eq!(
@@ -109,8 +109,8 @@ fn init_tiny_is_deterministic_and_sharding_preserves_values() {
     let files = load::resolve_dir(s.path()).unwrap();
     assert_eq!(files.weights.len(), 3);
     assert!(files.weights[0].ends_with("model-00001-of-00003.safetensors"));
-    let one = load_checkpoint(&local(a.path()), None, &Device::Cpu).unwrap();
-    let three = load_checkpoint(&local(s.path()), None, &Device::Cpu).unwrap();
+    let one = load_checkpoint(&local(a.path()), None, &Device::Cpu, None).unwrap();
+    let three = load_checkpoint(&local(s.path()), None, &Device::Cpu, None).unwrap();
     assert!(!three.config.tie_word_embeddings);
     assert_eq!(one.weights.len(), three.weights.len());
     assert!(three.weights.contains_key("lm_head.weight"));
@@ -130,7 +130,7 @@ fn missing_files_are_named() {
             std::fs::copy(e.path(), d.path().join(e.file_name())).unwrap();
         }
         std::fs::remove_file(d.path().join(f)).unwrap();
-        let msg = err_of(load_checkpoint(&local(d.path()), None, &Device::Cpu));
+        let msg = err_of(load_checkpoint(&local(d.path()), None, &Device::Cpu, None));
         assert!(
             msg.contains("missing file") && msg.contains(f),
             "{f}: {msg}"
@@ -146,13 +146,14 @@ fn missing_files_are_named() {
         },
     );
     std::fs::remove_file(s.path().join("model-00002-of-00002.safetensors")).unwrap();
-    let msg = err_of(load_checkpoint(&local(s.path()), None, &Device::Cpu));
+    let msg = err_of(load_checkpoint(&local(s.path()), None, &Device::Cpu, None));
     assert!(msg.contains("model-00002-of-00002.safetensors"), "{msg}");
     // A directory that does not exist.
     let msg = err_of(load_checkpoint(
         &local(&dir.path().join("nope")),
         None,
         &Device::Cpu,
+        None,
     ));
     assert!(msg.contains("does not exist"), "{msg}");
 }
@@ -166,7 +167,12 @@ fn wrong_architecture_is_rejected() {
         v["model_type"] = serde_json::json!("llama");
     });
     // A Qwen2 checkpoint labelled Llama: its q/k/v biases are not Llama's.
-    let msg = err_of(load_checkpoint(&local(dir.path()), None, &Device::Cpu));
+    let msg = err_of(load_checkpoint(
+        &local(dir.path()),
+        None,
+        &Device::Cpu,
+        None,
+    ));
     assert!(
         msg.contains("model.layers.0.self_attn.k_proj.bias (and 5 more)")
             && msg.contains("LlamaForCausalLM"),
@@ -176,7 +182,12 @@ fn wrong_architecture_is_rejected() {
         v["architectures"] = serde_json::json!(["MistralForCausalLM"]);
         v["model_type"] = serde_json::json!("mistral");
     });
-    let msg = err_of(load_checkpoint(&local(dir.path()), None, &Device::Cpu));
+    let msg = err_of(load_checkpoint(
+        &local(dir.path()),
+        None,
+        &Device::Cpu,
+        None,
+    ));
     for name in [
         "MistralForCausalLM",
         "Qwen2ForCausalLM",
@@ -194,7 +205,12 @@ fn wrong_and_missing_tensors_are_named() {
     edit_json(&dir.path().join("config.json"), |v| {
         v["intermediate_size"] = serde_json::json!(100);
     });
-    let msg = err_of(load_checkpoint(&local(dir.path()), None, &Device::Cpu));
+    let msg = err_of(load_checkpoint(
+        &local(dir.path()),
+        None,
+        &Device::Cpu,
+        None,
+    ));
     assert!(
         msg.contains("model.layers.0.mlp.gate_proj.weight")
             && msg.contains("[128, 64]")
@@ -209,7 +225,7 @@ fn wrong_and_missing_tensors_are_named() {
     let mut all = candle_core::safetensors::load(&path, &Device::Cpu).unwrap();
     all.remove("model.layers.1.post_attention_layernorm.weight");
     candle_core::safetensors::save(&all, &path).unwrap();
-    let msg = err_of(load_checkpoint(&local(d2.path()), None, &Device::Cpu));
+    let msg = err_of(load_checkpoint(&local(d2.path()), None, &Device::Cpu, None));
     assert!(
         msg.contains("missing tensor model.layers.1.post_attention_layernorm.weight"),
         "{msg}"
@@ -224,7 +240,7 @@ fn tied_heads_follow_config_and_file() {
     edit_json(&dir.path().join("config.json"), |v| {
         v["tie_word_embeddings"] = serde_json::json!(false);
     });
-    let ck = load_checkpoint(&local(dir.path()), None, &Device::Cpu).unwrap();
+    let ck = load_checkpoint(&local(dir.path()), None, &Device::Cpu, None).unwrap();
     assert!(ck.config.tie_word_embeddings);
     assert!(!ck.weights.contains_key("lm_head.weight"));
 
@@ -240,7 +256,7 @@ fn tied_heads_follow_config_and_file() {
     edit_json(&d2.path().join("config.json"), |v| {
         v["tie_word_embeddings"] = serde_json::json!(true);
     });
-    let ck = load_checkpoint(&local(d2.path()), None, &Device::Cpu).unwrap();
+    let ck = load_checkpoint(&local(d2.path()), None, &Device::Cpu, None).unwrap();
     assert!(ck.config.tie_word_embeddings);
     assert!(!ck.weights.contains_key("lm_head.weight"));
 }
@@ -249,7 +265,7 @@ fn tied_heads_follow_config_and_file() {
 fn transformers5_dialect_and_jinja_template() {
     let dir = tempfile::tempdir().unwrap();
     tiny(dir.path(), &TinySpec::default());
-    let before = load_checkpoint(&local(dir.path()), None, &Device::Cpu).unwrap();
+    let before = load_checkpoint(&local(dir.path()), None, &Device::Cpu, None).unwrap();
     let msgs = vec![Message::system("Be brief."), Message::user("Hi ü")];
     let text4 = before.tokenizer.apply_chat_template(&msgs, true).unwrap();
 
@@ -275,7 +291,7 @@ fn transformers5_dialect_and_jinja_template() {
         );
         o.insert("transformers_version".into(), serde_json::json!("5.0.0"));
     });
-    let after = load_checkpoint(&local(dir.path()), None, &Device::Cpu).unwrap();
+    let after = load_checkpoint(&local(dir.path()), None, &Device::Cpu, None).unwrap();
     assert_eq!(after.config.rope_theta, 500000.0);
     assert_eq!(after.info.stored_dtype.as_deref(), Some("bfloat16"));
     assert_eq!(
@@ -288,13 +304,23 @@ fn transformers5_dialect_and_jinja_template() {
     edit_json(&dir.path().join("config.json"), |v| {
         v["rope_parameters"]["rope_type"] = serde_json::json!("yarn");
     });
-    let msg = err_of(load_checkpoint(&local(dir.path()), None, &Device::Cpu));
+    let msg = err_of(load_checkpoint(
+        &local(dir.path()),
+        None,
+        &Device::Cpu,
+        None,
+    ));
     assert!(msg.contains("yarn"), "{msg}");
     edit_json(&dir.path().join("config.json"), |v| {
         v["rope_parameters"]["rope_type"] = serde_json::json!("default");
         v["layer_types"] = serde_json::json!(["sliding_attention", "full_attention"]);
     });
-    let msg = err_of(load_checkpoint(&local(dir.path()), None, &Device::Cpu));
+    let msg = err_of(load_checkpoint(
+        &local(dir.path()),
+        None,
+        &Device::Cpu,
+        None,
+    ));
     assert!(msg.contains("sliding"), "{msg}");
 }
 
@@ -308,9 +334,9 @@ fn dtypes_convert_on_load() {
             ..TinySpec::default()
         },
     );
-    let bf = load_checkpoint(&local(dir.path()), Some(DType::BF16), &Device::Cpu).unwrap();
-    let f32 = load_checkpoint(&local(dir.path()), None, &Device::Cpu).unwrap();
-    let f16 = load_checkpoint(&local(dir.path()), Some(DType::F16), &Device::Cpu).unwrap();
+    let bf = load_checkpoint(&local(dir.path()), Some(DType::BF16), &Device::Cpu, None).unwrap();
+    let f32 = load_checkpoint(&local(dir.path()), None, &Device::Cpu, None).unwrap();
+    let f16 = load_checkpoint(&local(dir.path()), Some(DType::F16), &Device::Cpu, None).unwrap();
     let name = "model.layers.0.self_attn.q_proj.weight";
     assert_eq!(bf.weights[name].dtype(), DType::BF16);
     assert_eq!(f32.weights[name].dtype(), DType::F32);
@@ -327,7 +353,7 @@ fn hub_cache_offline() {
     std::env::set_var("HF_HOME", home.path());
     std::env::set_var("HF_HUB_OFFLINE", "1");
     let hub = ModelRef::parse("concord-test/tiny-qwen2").unwrap();
-    let msg = err_of(load_checkpoint(&hub, None, &Device::Cpu));
+    let msg = err_of(load_checkpoint(&hub, None, &Device::Cpu, None));
     assert!(
         msg.contains("HF_HUB_OFFLINE") && msg.contains("not in the Hugging Face cache"),
         "{msg}"
@@ -343,18 +369,18 @@ fn hub_cache_offline() {
     tiny(&snap, &TinySpec::default());
     std::fs::create_dir_all(repo.join("refs")).unwrap();
     std::fs::write(repo.join("refs").join("main"), sha).unwrap();
-    let ck = load_checkpoint(&hub, None, &Device::Cpu).unwrap();
+    let ck = load_checkpoint(&hub, None, &Device::Cpu, None).unwrap();
     assert_eq!(ck.files.dir, snap);
     // A commit revision resolves without a ref file.
     let pinned = ModelRef::parse(&format!("concord-test/tiny-qwen2@{sha}")).unwrap();
-    assert!(load_checkpoint(&pinned, None, &Device::Cpu).is_ok());
+    assert!(load_checkpoint(&pinned, None, &Device::Cpu, None).is_ok());
     // Unknown revision: clear error, still offline.
     let other = ModelRef::parse("concord-test/tiny-qwen2@v9").unwrap();
-    let msg = err_of(load_checkpoint(&other, None, &Device::Cpu));
+    let msg = err_of(load_checkpoint(&other, None, &Device::Cpu, None));
     assert!(msg.contains("@v9"), "{msg}");
     // An incomplete snapshot names the missing file.
     std::fs::remove_file(snap.join("tokenizer.json")).unwrap();
-    let msg = err_of(load_checkpoint(&hub, None, &Device::Cpu));
+    let msg = err_of(load_checkpoint(&hub, None, &Device::Cpu, None));
     assert!(msg.contains("tokenizer.json"), "{msg}");
     std::env::remove_var("HF_HUB_OFFLINE");
     std::env::remove_var("HF_HOME");

@@ -92,7 +92,7 @@ impl Fixture {
     fn load_with_base(&self, dtype: DType, base: Option<DType>, adapter: bool) -> LoadedModel {
         let m = load_model(&ModelSpec {
             dtype: Some(dtype),
-            base_dtype: base,
+            base_dtype: base.map(concord::model::quant::BaseDtype::Float),
             adapter: adapter.then(|| self.adapter()),
             ..ModelSpec::new(self.model_dir.to_string_lossy(), Device::Cpu)
         })

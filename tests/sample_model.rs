@@ -230,6 +230,35 @@ fn reduced_precision_base_logprobs_match_training_forward(on: ChooseOn) {
     }
 }
 
+/// A quantized base (hidden 256: every projection Q4_K or Q8_0, the head Q6_K or Q8_0):
+/// the sampler's recorded log-probs are the training forward's, and greedy decoding
+/// through the cache is full recomputation's.
+fn quantized_base_logprobs_match_training_forward(on: ChooseOn) {
+    use concord::model::quant::{quantize_weights, QuantMode};
+    let cfg = ArchConfig {
+        hidden_size: 256,
+        intermediate_size: 512,
+        num_attention_heads: 4,
+        num_key_value_heads: 2,
+        head_dim: 64,
+        ..ArchConfig::tiny()
+    };
+    for mode in [QuantMode::Q8_0, QuantMode::Q4K] {
+        let mut w = random_weights(&cfg, 3, DType::F32, &Device::Cpu).unwrap();
+        let e = w["model.embed_tokens.weight"].clone();
+        w.insert("model.embed_tokens.weight".into(), (e * 8.0).unwrap());
+        let q = quantize_weights(&cfg, &mut w, mode).unwrap();
+        let model = Transformer::with_quant(&cfg, &w, &q, None).unwrap();
+        assert!(model.has_quantized_base());
+        assert_recorded_logprobs_are_the_trainers(&model, on, &format!("{mode:?} base"));
+        let ps = prompts();
+        let out = groups(&model, &ps, 1, &SamplingParams::greedy(10), 1, on);
+        for (i, p) in ps.iter().enumerate() {
+            assert_eq!(out[i][0].ids, naive_greedy(&model, p, 10), "{mode:?} prompt {i}");
+        }
+    }
+}
+
 fn eos_min_new_tokens_and_stop_strings(on: ChooseOn) {
     let model = tiny_model(4);
     let dec = decoder();
@@ -516,6 +545,7 @@ on_both_choosers!(
     every_row_matches_sampling_it_alone,
     recorded_logprobs_match_training_forward,
     reduced_precision_base_logprobs_match_training_forward,
+    quantized_base_logprobs_match_training_forward,
     eos_min_new_tokens_and_stop_strings,
     shared_prefix_prefill_equals_unshared,
     a_conversation_ended_at_its_first_turn_is_a_completion,

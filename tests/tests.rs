@@ -19,6 +19,7 @@ mod one_driver;
 mod parity;
 mod plot;
 mod postmortem;
+mod quant_base;
 mod reliability;
 mod sample_model;
 mod serve;

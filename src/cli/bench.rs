@@ -86,6 +86,10 @@ pub struct BenchStepArgs {
     /// Override a config key (repeatable), as for `train`.
     #[arg(long = "set", value_name = "SECTION.KEY=VALUE")]
     pub sets: Vec<String>,
+    /// Storage of the frozen base: f32, bf16, f16, q8_0, q4_k or gguf (the config's
+    /// `[model] base_dtype`).
+    #[arg(long)]
+    pub base_dtype: Option<String>,
     /// Timed steps, after one untimed warm-up step (1 to 10,000).
     #[arg(long, default_value_t = 1, value_parser = super::repetitions)]
     pub steps: usize,
@@ -99,9 +103,13 @@ pub struct BenchStepArgs {
 }
 
 fn run_step(a: BenchStepArgs) -> anyhow::Result<()> {
+    let mut sets = a.sets;
+    if let Some(b) = &a.base_dtype {
+        sets.push(format!("model.base_dtype=\"{b}\""));
+    }
     let r = crate::grpo::bench::bench_step(&crate::grpo::bench::BenchStepOptions {
         config: a.config,
-        sets: a.sets,
+        sets,
         model: a.model,
         steps: a.steps,
         export_prompts: a.export_prompts,
@@ -136,6 +144,9 @@ pub struct BenchTrainArgs {
     /// Compute dtype: f32, bf16 or f16.
     #[arg(long, default_value = "f32")]
     pub dtype: String,
+    /// Storage of the frozen base: f32, bf16, f16, q8_0, q4_k or gguf [default: --dtype].
+    #[arg(long)]
+    pub base_dtype: Option<String>,
     /// cpu, cuda or cuda:N.
     #[arg(long, default_value = "cpu")]
     pub device: String,
@@ -158,8 +169,14 @@ impl BenchTrainArgs {
             "f16" => candle_core::DType::F16,
             d => anyhow::bail!("--dtype {d}: expected f32, bf16 or f16"),
         };
+        let device = crate::config::parse_device(&self.device)?;
+        let base_dtype = match &self.base_dtype {
+            Some(b) => Some(crate::model::load::parse_base_dtype(b, &device)?),
+            None => None,
+        };
         Ok(crate::grpo::bench::BenchTrainOptions {
-            device: crate::config::parse_device(&self.device)?,
+            device,
+            base_dtype,
             model: self.model,
             batch: self.batch,
             seq: self.seq,

@@ -62,8 +62,8 @@ pub struct ModelSelectArgs {
     /// cpu or cuda[:N].
     #[arg(long, default_value = "cpu")]
     pub device: String,
-    /// Store the frozen base weights in f32, bf16 or f16 (activations, LoRA and
-    /// accumulation stay in --dtype) [default: --dtype].
+    /// Store the frozen base weights in f32, bf16, f16, q8_0, q4_k or gguf (a GGUF file's
+    /// own blocks); activations, LoRA and accumulation stay in --dtype [default: --dtype].
     #[arg(long)]
     pub base_dtype: Option<String>,
 }
@@ -78,7 +78,7 @@ impl ModelSelectArgs {
             None => None,
         };
         let base_dtype = match &self.base_dtype {
-            Some(d) => Some(parse_dtype(d, &device)?),
+            Some(d) => Some(crate::model::load::parse_base_dtype(d, &device)?),
             None => None,
         };
         Ok(ModelSpec {

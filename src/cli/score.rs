@@ -27,7 +27,8 @@ pub struct ScoreArgs {
     /// cpu, cuda, cuda:N, or auto (CUDA when built with it and available).
     #[arg(long, default_value = "auto")]
     pub device: String,
-    /// Store the frozen base in f32, bf16 or f16 (`[model] base_dtype`) [default: --dtype].
+    /// Store the frozen base in f32, bf16, f16, q8_0, q4_k or gguf (`[model] base_dtype`)
+    /// [default: --dtype].
     #[arg(long)]
     pub base_dtype: Option<String>,
 }
@@ -36,7 +37,7 @@ pub fn run(args: ScoreArgs) -> Result<()> {
     let device = crate::config::parse_device(&args.device)?;
     let dtype = parse_dtype(&args.dtype, &device)?;
     let base_dtype = match &args.base_dtype {
-        Some(d) => Some(parse_dtype(d, &device)?),
+        Some(d) => Some(crate::model::load::parse_base_dtype(d, &device)?),
         None => None,
     };
     let s = score(&ScoreOptions {

@@ -32,7 +32,9 @@ pub use grpo::{
     MultiObjectiveAggregation, ScaleRewards,
 };
 pub use locate::{apply_set, locate_env_error};
-pub use model::{parse_device, parse_device_name, DTypeName, DeviceName, LoraSection, ModelConfig};
+pub use model::{
+    parse_device, parse_device_name, BaseDTypeName, DTypeName, DeviceName, LoraSection, ModelConfig,
+};
 pub use optim::{OptimConfig, Schedule};
 pub use paths::relative_path;
 pub use resume::FROZEN_ON_RESUME;
@@ -172,7 +174,7 @@ impl Config {
         use crate::model::load::ModelSpec;
         Ok(ModelSpec {
             dtype: Some(self.model.dtype.to_candle()),
-            base_dtype: self.model.base_dtype.map(|d| d.to_candle()),
+            base_dtype: self.model.base_dtype.map(|d| d.to_base()),
             lora: Some(self.lora_config()),
             adapter: self.model.adapter.clone(),
             init_tiny: self.model.init_tiny,
@@ -272,7 +274,16 @@ mod tests {
         assert_eq!(c.model.base_dtype, None);
         let t = MIN.replace("[env]", "base_dtype = \"bf16\"\n[env]");
         let c = Config::from_toml_str(&t, "t.toml", &[]).unwrap();
-        assert_eq!(c.model.base_dtype, Some(DTypeName::Bf16));
+        assert_eq!(c.model.base_dtype, Some(BaseDTypeName::Bf16));
+        for (v, want) in [
+            ("q8_0", BaseDTypeName::Q8_0),
+            ("q4_k", BaseDTypeName::Q4K),
+            ("gguf", BaseDTypeName::Gguf),
+        ] {
+            let t = MIN.replace("[env]", &format!("base_dtype = \"{v}\"\n[env]"));
+            let c = Config::from_toml_str(&t, "t.toml", &[]).unwrap();
+            assert_eq!(c.model.base_dtype, Some(want));
+        }
         let t = MIN.replace("[env]", "base_dtype = \"q4\"\n[env]");
         let e = format!(
             "{:#}",

@@ -35,6 +35,37 @@ impl DTypeName {
     }
 }
 
+/// `[model] base_dtype`: a float storage dtype or a quantized base.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum BaseDTypeName {
+    #[serde(rename = "f32")]
+    F32,
+    #[serde(rename = "bf16")]
+    Bf16,
+    #[serde(rename = "f16")]
+    F16,
+    #[serde(rename = "q8_0")]
+    Q8_0,
+    #[serde(rename = "q4_k")]
+    Q4K,
+    #[serde(rename = "gguf")]
+    Gguf,
+}
+
+impl BaseDTypeName {
+    pub fn to_base(self) -> crate::model::quant::BaseDtype {
+        use crate::model::quant::{BaseDtype, QuantMode};
+        match self {
+            BaseDTypeName::F32 => BaseDtype::Float(candle_core::DType::F32),
+            BaseDTypeName::Bf16 => BaseDtype::Float(candle_core::DType::BF16),
+            BaseDTypeName::F16 => BaseDtype::Float(candle_core::DType::F16),
+            BaseDTypeName::Q8_0 => BaseDtype::Quant(QuantMode::Q8_0),
+            BaseDTypeName::Q4K => BaseDtype::Quant(QuantMode::Q4K),
+            BaseDTypeName::Gguf => BaseDtype::Quant(QuantMode::Gguf),
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ModelConfig {
@@ -43,12 +74,13 @@ pub struct ModelConfig {
     /// tiny random model.
     pub name: String,
     pub dtype: DTypeName,
-    /// Storage dtype of the frozen base matrices (projections, embedding, LM head):
-    /// `bf16`/`f16` halve the bytes a decode step streams; activations, LoRA and
-    /// accumulation stay in `dtype`, and sampling and training see the same rounded
-    /// weights. Absent: `dtype`.
+    /// Storage of the frozen base matrices (projections, LM head; the embedding too
+    /// for a float type): `bf16`/`f16` halve the bytes a decode step streams; `q8_0`
+    /// and `q4_k` quantize the projections and LM head at load (QLoRA-style), `gguf`
+    /// keeps a GGUF file's own blocks. Activations, LoRA and accumulation stay in
+    /// `dtype`, and sampling and training see the same weights. Absent: `dtype`.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub base_dtype: Option<DTypeName>,
+    pub base_dtype: Option<BaseDTypeName>,
     /// `cpu` or `cuda:N`.
     pub device: String,
     /// Create the built-in tiny random model at `name` when that directory is absent.

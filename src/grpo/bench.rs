@@ -18,12 +18,24 @@ pub struct BenchTrainOptions {
     /// Timed iterations (after one warm-up).
     pub iters: usize,
     pub dtype: DType,
+    /// Storage of the frozen base (`[model] base_dtype`); None: `dtype`.
+    pub base_dtype: Option<crate::model::quant::BaseDtype>,
     pub device: Device,
     /// LoRA rank (alpha = 2r, every target module).
     pub r: usize,
     /// Recompute layer activations in the backward (`[optim] gradient_checkpointing`).
     pub gradient_checkpointing: bool,
     pub json: bool,
+}
+
+/// The frozen base's storage, by type: `{"q4_k": {"tensors": 168, "bytes": ...}}`.
+pub fn base_json(model: &crate::model::Transformer) -> serde_json::Value {
+    model
+        .base_storage()
+        .into_iter()
+        .map(|(t, n, b)| (t, serde_json::json!({ "tensors": n, "bytes": b })))
+        .collect::<serde_json::Map<_, _>>()
+        .into()
 }
 
 /// Time LoRA forward + backward and print tokens/s, seconds and peak RSS.
@@ -39,6 +51,7 @@ pub fn bench_train(a: &BenchTrainOptions) -> Result<()> {
     };
     let model = crate::model::load::load_model(&crate::model::load::ModelSpec {
         dtype: Some(a.dtype),
+        base_dtype: a.base_dtype,
         lora: Some(lora),
         ..crate::model::load::ModelSpec::new(&a.model, device.clone())
     })?
@@ -117,6 +130,7 @@ pub fn bench_train(a: &BenchTrainOptions) -> Result<()> {
                 "train_peak_mb": growth_mb,
                 "estimate_mb": estimate_mb,
                 "gradient_checkpointing": a.gradient_checkpointing,
+                "base": base_json(&model),
             })
         );
     } else {

@@ -234,6 +234,45 @@ impl ArchConfig {
         }
     }
 
+    /// Qwen2.5-1.5B's shape.
+    pub fn qwen25_15b() -> Self {
+        ArchConfig {
+            hidden_size: 1536,
+            intermediate_size: 8960,
+            num_hidden_layers: 28,
+            num_attention_heads: 12,
+            head_dim: 128,
+            ..ArchConfig::qwen25_05b()
+        }
+    }
+
+    /// Qwen2.5-3B's shape.
+    pub fn qwen25_3b() -> Self {
+        ArchConfig {
+            hidden_size: 2048,
+            intermediate_size: 11008,
+            num_hidden_layers: 36,
+            num_attention_heads: 16,
+            head_dim: 128,
+            ..ArchConfig::qwen25_05b()
+        }
+    }
+
+    /// Qwen2.5-7B's shape (untied, vocabulary 152,064).
+    pub fn qwen25_7b() -> Self {
+        ArchConfig {
+            vocab_size: 152_064,
+            hidden_size: 3584,
+            intermediate_size: 18944,
+            num_hidden_layers: 28,
+            num_attention_heads: 28,
+            num_key_value_heads: 4,
+            head_dim: 128,
+            tie_word_embeddings: false,
+            ..ArchConfig::qwen25_05b()
+        }
+    }
+
     /// Qwen3-0.6B's shape.
     pub fn qwen3_06b() -> Self {
         ArchConfig {
@@ -396,6 +435,17 @@ mod tests {
         // Llama-3.2-1B: 16 x (q, o 2048x2048 + k, v 512x2048 + MLP 3 x 2048 x 8192 + norms)
         // + embedding 128,256 x 2048 + 2048: the released 1,235,814,400.
         assert_eq!(ArchConfig::llama32_1b().parameters(), 1_235_814_400);
+        // Qwen2.5-1.5B: 28 x (q, o 1536^2 + k, v 256x1536 + q/k/v biases 1536 + 2 x 256
+        // + MLP 3 x 1536 x 8960 + norms 2 x 1536) + tied embedding 151,936 x 1536 + 1536.
+        let layer = 2 * 2_359_296 + 2 * 393_216 + 2048 + 41_287_680 + 3072;
+        assert_eq!(
+            ArchConfig::qwen25_15b().parameters(),
+            28 * layer + 151_936 * 1536 + 1536
+        );
+        // The released 1.5B, 3B and 7B.
+        assert_eq!(ArchConfig::qwen25_15b().parameters(), 1_543_714_304);
+        assert_eq!(ArchConfig::qwen25_3b().parameters(), 3_085_938_688);
+        assert_eq!(ArchConfig::qwen25_7b().parameters(), 7_615_616_512);
     }
 
     #[test]

@@ -8,8 +8,12 @@ use candle_core::{DType, Device};
 
 use super::generation::GenerationConfig;
 use super::lora::LoraConfig;
+use super::quant::{
+    is_projection, quantize_one, quantize_weights, BaseDtype, QuantMode, QuantWeights,
+};
 use super::tiny::{init_tiny, TinySpec};
 use super::tokenizer::{default_template_kwargs, IdRenderer, Renderer, Tokenizer};
+use super::weights::random_weights_each;
 use super::{ArchConfig, Transformer};
 use std::collections::BTreeMap;
 
@@ -17,17 +21,60 @@ pub use super::checkpoint::*;
 
 /// Resolve, read and check a checkpoint: a `.gguf` file, or a safetensors directory /
 /// Hub id. `dtype` None → [`default_dtype`] of `device`.
+/// With `quant`, the projections and LM head end up in [`Checkpoint::quant`]: a GGUF
+/// file's blocks are kept as they are (or requantized when `quant` asks for another
+/// type); a safetensors checkpoint is quantized one tensor at a time after loading.
 pub fn load_checkpoint(
     model: &ModelRef,
     dtype: Option<DType>,
     device: &Device,
+    quant: Option<QuantMode>,
 ) -> Result<Checkpoint> {
     if let ModelRef::Local(p) = model {
         if is_gguf_path(p) {
-            return super::gguf::load_checkpoint(p, dtype, device);
+            return super::gguf::load_checkpoint(p, dtype, device, quant);
         }
     }
-    load_safetensors(model, dtype, device)
+    let mut ck = load_safetensors(model, dtype, device)?;
+    if let Some(mode) = quant {
+        ck.quant = quantize_weights(&ck.config, &mut ck.weights, mode)?;
+    }
+    Ok(ck)
+}
+
+/// Random weights (seed 0) of `config`: dense, or with the projections and LM head
+/// quantized as they are drawn (a 7B shape never holds its f32 projections at once).
+fn random_model(
+    config: &ArchConfig,
+    dtype: DType,
+    device: &Device,
+    quant: Option<QuantMode>,
+) -> Result<(Weights, QuantWeights)> {
+    let Some(mode) = quant else {
+        return Ok((
+            super::random_weights(config, 0, dtype, device)?,
+            QuantWeights::new(),
+        ));
+    };
+    let (mut dense, mut q) = (Weights::new(), QuantWeights::new());
+    random_weights_each(config, 0, dtype, device, |name, t| {
+        if is_projection(&name) {
+            q.insert(name.clone(), quantize_one(&name, &t, mode)?);
+        } else {
+            dense.insert(name, t);
+        }
+        Ok(())
+    })?;
+    if !q.contains_key("lm_head.weight") {
+        let e = dense
+            .get("model.embed_tokens.weight")
+            .ok_or_else(|| anyhow!("missing tensor model.embed_tokens.weight"))?;
+        q.insert(
+            "lm_head.weight".into(),
+            quantize_one("lm_head.weight", e, mode)?,
+        );
+    }
+    Ok((dense, q))
 }
 
 // ---------------------------------------------------------------------------------------
@@ -42,6 +89,12 @@ pub enum BuiltinShape {
     Tiny,
     /// [`ArchConfig::qwen25_05b`]: Qwen2.5-0.5B's shape.
     Qwen25_05B,
+    /// [`ArchConfig::qwen25_15b`]: Qwen2.5-1.5B's shape.
+    Qwen25_15B,
+    /// [`ArchConfig::qwen25_3b`]: Qwen2.5-3B's shape.
+    Qwen25_3B,
+    /// [`ArchConfig::qwen25_7b`]: Qwen2.5-7B's shape.
+    Qwen25_7B,
     /// [`ArchConfig::qwen3_06b`]: Qwen3-0.6B's shape.
     Qwen3_06B,
     /// [`ArchConfig::qwen3_4b`]: Qwen3-4B's shape.
@@ -51,9 +104,12 @@ pub enum BuiltinShape {
 }
 
 impl BuiltinShape {
-    pub const ALL: [BuiltinShape; 5] = [
+    pub const ALL: [BuiltinShape; 8] = [
         Self::Tiny,
         Self::Qwen25_05B,
+        Self::Qwen25_15B,
+        Self::Qwen25_3B,
+        Self::Qwen25_7B,
         Self::Qwen3_06B,
         Self::Qwen3_4B,
         Self::Llama32_1B,
@@ -72,6 +128,9 @@ impl BuiltinShape {
         match self {
             Self::Tiny => "tiny",
             Self::Qwen25_05B => "qwen2.5-0.5b",
+            Self::Qwen25_15B => "qwen2.5-1.5b",
+            Self::Qwen25_3B => "qwen2.5-3b",
+            Self::Qwen25_7B => "qwen2.5-7b",
             Self::Qwen3_06B => "qwen3-0.6b",
             Self::Qwen3_4B => "qwen3-4b",
             Self::Llama32_1B => "llama3.2-1b",
@@ -82,6 +141,9 @@ impl BuiltinShape {
         match self {
             Self::Tiny => ArchConfig::tiny(),
             Self::Qwen25_05B => ArchConfig::qwen25_05b(),
+            Self::Qwen25_15B => ArchConfig::qwen25_15b(),
+            Self::Qwen25_3B => ArchConfig::qwen25_3b(),
+            Self::Qwen25_7B => ArchConfig::qwen25_7b(),
             Self::Qwen3_06B => ArchConfig::qwen3_06b(),
             Self::Qwen3_4B => ArchConfig::qwen3_4b(),
             Self::Llama32_1B => ArchConfig::llama32_1b(),
@@ -103,9 +165,10 @@ pub struct ModelSpec {
     pub name: String,
     /// Compute dtype; None: f32 for `random:` models, else [`default_dtype`] of `device`.
     pub dtype: Option<DType>,
-    /// Storage dtype of the frozen base matrices ([`Transformer::set_base_dtype`]); None: the
+    /// Storage of the frozen base matrices: a float dtype
+    /// ([`Transformer::set_base_dtype`]) or a quantized base ([`super::quant`]); None: the
     /// compute dtype.
-    pub base_dtype: Option<DType>,
+    pub base_dtype: Option<BaseDtype>,
     pub device: Device,
     /// Fresh LoRA adapters (A seeded, B = 0).
     pub lora: Option<LoraConfig>,
@@ -131,6 +194,14 @@ impl ModelSpec {
             adapter: None,
             init_tiny: false,
             chat_template_kwargs: BTreeMap::new(),
+        }
+    }
+
+    /// The quantized base asked for, if any.
+    pub fn quant_mode(&self) -> Option<QuantMode> {
+        match self.base_dtype {
+            Some(BaseDtype::Quant(q)) => Some(q),
+            _ => None,
         }
     }
 
@@ -271,8 +342,8 @@ pub fn load_model(spec: &ModelSpec) -> Result<LoadedModel> {
             let config = shape.config();
             let dtype = spec.dtype.unwrap_or(DType::F32);
             check_dtype_supported(dtype, &spec.device)?;
-            let w = super::random_weights(&config, 0, dtype, &spec.device)?;
-            let model = Transformer::new(&config, &w, spec.lora.as_ref())
+            let (w, q) = random_model(&config, dtype, &spec.device, spec.quant_mode())?;
+            let model = Transformer::with_quant(&config, &w, &q, spec.lora.as_ref())
                 .with_context(|| format!("building the model {name}"))?;
             LoadedModel {
                 name: name.clone(),
@@ -292,10 +363,11 @@ pub fn load_model(spec: &ModelSpec) -> Result<LoadedModel> {
                 init_tiny(&TinySpec::default(), Path::new(name))?;
             }
             let mref = ModelRef::parse(name)?;
-            let ck = load_checkpoint(&mref, spec.dtype, &spec.device)
+            let ck = load_checkpoint(&mref, spec.dtype, &spec.device, spec.quant_mode())
                 .with_context(|| format!("loading model {name}"))?;
-            let model = Transformer::new(&ck.config, &ck.weights, spec.lora.as_ref())
-                .with_context(|| format!("building the model from {mref}"))?;
+            let model =
+                Transformer::with_quant(&ck.config, &ck.weights, &ck.quant, spec.lora.as_ref())
+                    .with_context(|| format!("building the model from {mref}"))?;
             LoadedModel {
                 name: name.clone(),
                 config: ck.config,
@@ -308,7 +380,7 @@ pub fn load_model(spec: &ModelSpec) -> Result<LoadedModel> {
             }
         }
     };
-    if let Some(bd) = spec.base_dtype {
+    if let Some(BaseDtype::Float(bd)) = spec.base_dtype {
         if bd != m.dtype {
             check_dtype_supported(bd, &spec.device)?;
             m.model

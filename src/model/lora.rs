@@ -10,6 +10,7 @@
 //! (metadata `{"format":"pt"}`, keys
 //! `base_model.model.model.layers.{i}.self_attn.q_proj.lora_A.weight`, ...) and
 //! `adapter_config.json`. Both are written atomically (temp file + rename).
+use super::ops;
 use anyhow::{anyhow, bail, Context, Result};
 use candle_core::{DType, Device, Tensor, Var};
 use rand::{Rng, SeedableRng};
@@ -269,11 +270,10 @@ impl LoraLinear {
     pub fn forward(
         &self,
         x: &Tensor,
-        w: &Tensor,
+        w: &ops::BaseWeight,
         bias: Option<&Tensor>,
         run: LoraRun,
     ) -> candle_core::Result<Tensor> {
-        use super::ops;
         let (a, b) = (self.a.as_tensor(), self.b.as_tensor());
         let in_f = a.dim(1)?;
         let out_f = b.dim(0)?;
@@ -294,7 +294,7 @@ impl LoraLinear {
         let xm = keep(xd.to_dtype(DType::F32)?.reshape(((), in_f))?, &mask)?;
         let h = xm.matmul(&a.detach().t()?)?;
         let d = (h.matmul(&b.detach().t()?)? * s)?;
-        let base = ops::frozen_linear(&xd, w, bias)?;
+        let base = ops::base_linear(&xd, w, bias)?;
         let y = (base.to_dtype(DType::F32)?.reshape(((), out_f))? + d)?
             .to_dtype(base.dtype())?
             .reshape(base.shape())?;
@@ -317,10 +317,7 @@ impl LoraLinear {
                 return Ok([None, Some(ga), Some(gb)]);
             }
             let gx_lora = keep(gh.matmul(a)?, &mask)?;
-            let gx = (g2
-                .matmul(&ops::widen(&w, g2.dtype())?)?
-                .to_dtype(DType::F32)?
-                + gx_lora)?
+            let gx = (g2.matmul(&w.dense(g2.dtype())?)?.to_dtype(DType::F32)? + gx_lora)?
                 .to_dtype(x.dtype())?
                 .reshape(x.shape())?;
             Ok([Some(gx), Some(ga), Some(gb)])

@@ -5,6 +5,7 @@
 //! - [`arch`]: which family a checkpoint is and its hyper-parameters ([`ArchConfig`]);
 //! - [`transformer`]: the network ([`Transformer`]) and its one forward; [`lora`],
 //!   [`ops`], [`skinny`]: the adapters and the custom ops it is built from;
+//! - [`quant`]: a quantized frozen base (Q8_0, Q4_K, a GGUF file's blocks);
 //! - [`weights`]: tensors by Hugging Face name, random or loaded;
 //! - [`load`]: the one way to get a model ([`load::load_model`] over a [`load::ModelSpec`]);
 //!   [`checkpoint`] reads safetensors checkpoints (local or Hub) and [`gguf`] llama.cpp /
@@ -24,6 +25,7 @@ pub mod gguf;
 pub mod load;
 pub mod lora;
 pub mod ops;
+pub mod quant;
 pub mod score;
 pub mod skinny;
 pub mod tiny;

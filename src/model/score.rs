@@ -17,7 +17,7 @@ pub struct ScoreOptions {
     pub adapter: Option<PathBuf>,
     pub dtype: DType,
     /// Storage dtype of the frozen base ([`ModelSpec::base_dtype`]).
-    pub base_dtype: Option<DType>,
+    pub base_dtype: Option<crate::model::quant::BaseDtype>,
     pub device: Device,
     /// JSON file: the prompt's message list.
     pub messages: PathBuf,

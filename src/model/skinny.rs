@@ -241,7 +241,8 @@ pub fn matmul_wt_on<W: Weight>(
     y
 }
 
-fn kernel<W: Weight>(
+/// One chunk of outputs `out` `[n, m]` (transposed) on `path`.
+pub(crate) fn kernel<W: Weight>(
     path: Kernels,
     x: &[f32],
     w: &[W],

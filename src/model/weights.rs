@@ -18,9 +18,25 @@ pub fn random_weights(
     dtype: DType,
     device: &Device,
 ) -> Result<Weights> {
+    let mut w = Weights::new();
+    random_weights_each(cfg, seed, dtype, device, |name, t| {
+        w.insert(name, t);
+        Ok(())
+    })?;
+    Ok(w)
+}
+
+/// [`random_weights`] handed to `keep` one tensor at a time (the same values), so a
+/// caller can quantize each projection before the next exists.
+pub fn random_weights_each(
+    cfg: &ArchConfig,
+    seed: u64,
+    dtype: DType,
+    device: &Device,
+    mut keep: impl FnMut(String, Tensor) -> Result<()>,
+) -> Result<()> {
     cfg.validate()?;
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    let mut w = Weights::new();
     for (name, shape) in cfg.tensor_shapes() {
         let n: usize = shape.iter().product();
         let vals: Vec<f32> = if is_norm(&name) {
@@ -29,9 +45,9 @@ pub fn random_weights(
             (0..n).map(|_| 0.02 * normal(&mut rng)).collect()
         };
         let t = Tensor::from_vec(vals, shape, device)?.to_dtype(dtype)?;
-        w.insert(name, t);
+        keep(name, t)?;
     }
-    Ok(w)
+    Ok(())
 }
 
 /// A standard normal sample (Box-Muller) from our seeded RNG.

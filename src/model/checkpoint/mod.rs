@@ -322,6 +322,8 @@ pub struct Checkpoint {
     pub config: ArchConfig,
     pub info: CheckpointConfig,
     pub weights: Weights,
+    /// A quantized base's projections and LM head (empty for a dense one).
+    pub quant: crate::model::quant::QuantWeights,
     pub tokenizer: Tokenizer,
     pub generation_config: GenerationConfig,
     pub files: ModelFiles,
@@ -376,6 +378,7 @@ pub fn load_safetensors(
         config,
         info,
         weights,
+        quant: Default::default(),
         tokenizer,
         generation_config,
         files,

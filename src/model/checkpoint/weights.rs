@@ -68,6 +68,20 @@ pub fn parse_dtype(s: &str, device: &Device) -> Result<DType> {
     }
 }
 
+/// A `--base-dtype` value: `f32`, `bf16`, `f16` (checked like `--dtype`), `q8_0`, `q4_k`
+/// or `gguf`.
+pub fn parse_base_dtype(s: &str, device: &Device) -> Result<crate::model::quant::BaseDtype> {
+    use crate::model::quant::BaseDtype;
+    match BaseDtype::parse(s) {
+        Ok(BaseDtype::Quant(q)) => Ok(BaseDtype::Quant(q)),
+        _ => Ok(BaseDtype::Float(parse_dtype(s, device).map_err(|_| {
+            anyhow::anyhow!(
+                "unknown base dtype {s:?} (expected f32, bf16, f16, q8_0, q4_k or gguf)"
+            )
+        })?)),
+    }
+}
+
 /// (name, shape) of every tensor a checkpoint must hold (without `lm_head.weight`).
 pub fn expected_shapes(cfg: &ArchConfig) -> Vec<(String, Vec<usize>)> {
     // The model's own list, without the optional untied head.

@@ -38,6 +38,7 @@ use super::checkpoint::{
     check_dtype_supported, default_dtype, ensure_finite, Checkpoint, CheckpointConfig, ModelFiles,
 };
 use super::generation::GenerationConfig;
+use super::quant::{is_projection, quantize_one, QuantMode, QuantWeight, QuantWeights};
 use super::tokenizer::Tokenizer;
 use super::{ArchConfig, Family, RopeScaling, Weights};
 pub use header::{ggml_type_name, read_content};
@@ -45,7 +46,7 @@ use header::{tensor_bytes, type_name};
 pub use metadata::{
     check_architecture, config_from_metadata, family_of_architecture, Metadata, GGUF_ARCHITECTURES,
 };
-pub use names::{gguf_tensor_name, permuted_heads, unpermute_qk};
+pub use names::{gguf_tensor_name, permuted_heads, unpermute_qk, unpermute_rows};
 pub use tokenizer::{
     bpe_tokenizer_json, bundled_vocab_matches, tokenizer_from_metadata, tokenizer_json_from_vocab,
     PreTokenizer, SpecialIds, TokenizerSource, LLAMA3_PRETOKENIZER_REGEX, QWEN2_PRETOKENIZER_REGEX,
@@ -61,6 +62,8 @@ pub struct GgufModel {
     pub config: ArchConfig,
     /// Hugging Face names and layout, in `dtype`, on the requested device.
     pub weights: Weights,
+    /// With a quantized base: the projections and LM head, kept quantized.
+    pub quant: QuantWeights,
     pub dtype: DType,
     pub tokenizer: Tokenizer,
     pub tokenizer_source: TokenizerSource,
@@ -140,6 +143,48 @@ impl GgufFile {
     }
 }
 
+impl GgufFile {
+    /// The projection `hf` (GGUF tensor `g`) as a quantized base keeps it: the file's
+    /// blocks bit for bit when `mode` keeps this type (Llama's q/k rows reordered whole),
+    /// else dequantized and quantized to `mode`'s type. Checked finite.
+    fn quantized(
+        &mut self,
+        hf: &str,
+        g: &str,
+        config: &ArchConfig,
+        mode: QuantMode,
+        device: &Device,
+    ) -> Result<QuantWeight> {
+        let q = self
+            .content
+            .tensor(&mut self.reader, g, &Device::Cpu)
+            .with_context(|| format!("reading GGUF tensor {g}"))?;
+        let ty = q.dtype();
+        let (n, k) = q.shape().dims2()?;
+        let heads = permuted_heads(config, hf);
+        let keep = mode
+            .target(k, hf == "lm_head.weight")
+            .is_none_or(|t| t == ty);
+        let w = if keep {
+            let w = QuantWeight::new(q)?;
+            let w = match heads {
+                Some(h) => w.permute_rows(&unpermute_rows(n, h)?)?,
+                None => w,
+            };
+            w.to_device(device)?
+        } else {
+            let mut t = q.dequantize(&Device::Cpu)?;
+            if let Some(h) = heads {
+                t = unpermute_qk(&t, h)?;
+            }
+            quantize_one(hf, &t.to_device(device)?, mode)?
+        };
+        ensure_finite(hf, &w.dequantize(DType::F32)?)
+            .with_context(|| format!("GGUF tensor {g} ({})", type_name(ty)))?;
+        Ok(w)
+    }
+}
+
 /// The architecture: the metadata's, with what only tensors tell (vocabulary, tied head,
 /// attention biases, Llama 3 RoPE factors).
 fn file_config(f: &mut GgufFile) -> Result<ArchConfig> {
@@ -192,10 +237,17 @@ fn read_weights(
     config: &ArchConfig,
     dtype: DType,
     device: &Device,
-) -> Result<Weights> {
+    quant: Option<QuantMode>,
+) -> Result<(Weights, QuantWeights)> {
     let plan = plan(f, config)?;
     let mut weights = Weights::with_capacity(plan.len());
+    let mut qw = QuantWeights::new();
     for (hf, g) in plan {
+        if let Some(mode) = quant.filter(|_| is_projection(&hf)) {
+            let w = f.quantized(&hf, &g, config, mode, device)?;
+            qw.insert(hf, w);
+            continue;
+        }
         let mut t = f.dequantized(&g)?;
         if let Some(heads) = permuted_heads(config, &hf) {
             t = unpermute_qk(&t, heads).with_context(|| format!("GGUF tensor {g}"))?;
@@ -206,16 +258,29 @@ fn read_weights(
         ensure_finite(&hf, &t).with_context(|| format!("GGUF tensor {g}"))?;
         weights.insert(hf, t.to_device(device)?);
     }
-    Ok(weights)
+    if let Some(mode) = quant {
+        if !qw.contains_key("lm_head.weight") {
+            // Tied: llama.cpp multiplies by token_embd itself, in its own type.
+            let head = f.quantized("lm_head.weight", "token_embd.weight", config, mode, device)?;
+            qw.insert("lm_head.weight".into(), head);
+        }
+    }
+    Ok((weights, qw))
 }
 
 /// Read a GGUF file: config, dequantized weights (Hugging Face names and layout, `dtype`,
-/// on `device`), tokenizer and chat template.
-pub fn load_gguf(path: &Path, dtype: DType, device: &Device) -> Result<GgufModel> {
+/// on `device`), tokenizer and chat template. With `quant`, the projections and the LM
+/// head stay quantized ([`QuantMode::Gguf`]: the file's own blocks).
+pub fn load_gguf(
+    path: &Path,
+    dtype: DType,
+    device: &Device,
+    quant: Option<QuantMode>,
+) -> Result<GgufModel> {
     let ctx = || format!("in {}", path.display());
     let mut f = GgufFile::open(path)?;
     let config = file_config(&mut f).with_context(ctx)?;
-    let weights = read_weights(&mut f, &config, dtype, device).with_context(ctx)?;
+    let (weights, quant) = read_weights(&mut f, &config, dtype, device, quant).with_context(ctx)?;
     let mut tensor_types: BTreeMap<String, usize> = BTreeMap::new();
     for info in f.content.tensor_infos.values() {
         *tensor_types.entry(type_name(info.ggml_dtype)).or_default() += 1;
@@ -236,6 +301,7 @@ pub fn load_gguf(path: &Path, dtype: DType, device: &Device) -> Result<GgufModel
         path: path.to_path_buf(),
         config,
         weights,
+        quant,
         dtype,
         chat_template: text("tokenizer.chat_template")?,
         tokenizer,
@@ -250,13 +316,18 @@ pub fn load_gguf(path: &Path, dtype: DType, device: &Device) -> Result<GgufModel
 
 /// The hook [`super::load::load_checkpoint`] calls for a `.gguf` path: a [`Checkpoint`]
 /// like a safetensors directory gives (`files` all point at the GGUF file).
-pub fn load_checkpoint(path: &Path, dtype: Option<DType>, device: &Device) -> Result<Checkpoint> {
+pub fn load_checkpoint(
+    path: &Path,
+    dtype: Option<DType>,
+    device: &Device,
+    quant: Option<QuantMode>,
+) -> Result<Checkpoint> {
     if !path.is_file() {
         bail!("GGUF file {} does not exist", path.display());
     }
     let dtype = dtype.unwrap_or_else(|| default_dtype(device));
     check_dtype_supported(dtype, device)?;
-    let g = load_gguf(path, dtype, device)?;
+    let g = load_gguf(path, dtype, device, quant)?;
     let generation_config = GenerationConfig {
         bos_token_id: g.bos_token_id,
         eos_token_ids: g.eos_token_ids.clone(),
@@ -286,6 +357,7 @@ pub fn load_checkpoint(path: &Path, dtype: Option<DType>, device: &Device) -> Re
         config: g.config,
         info,
         weights: g.weights,
+        quant: g.quant,
         tokenizer: g.tokenizer,
         generation_config,
         files,

@@ -68,6 +68,22 @@ pub fn permuted_heads(cfg: &ArchConfig, hf: &str) -> Option<usize> {
     }
 }
 
+/// [`unpermute_qk`] as a row order: row `i` of the Hugging Face tensor is row `perm[i]`
+/// of the file's (`out` rows over `heads` heads). A quantized tensor's rows are whole
+/// blocks, so this undoes the permutation without touching a block.
+pub fn unpermute_rows(out: usize, heads: usize) -> Result<Vec<usize>> {
+    if heads == 0 || !out.is_multiple_of(heads * 2) {
+        bail!("cannot un-permute {out} rows over {heads} heads");
+    }
+    let half = out / heads / 2;
+    Ok((0..out)
+        .map(|r| {
+            let (h, t, j) = (r / (2 * half), r % (2 * half) / half, r % half);
+            h * 2 * half + j * 2 + t
+        })
+        .collect())
+}
+
 /// Undo `LlamaModel.permute`: the converter viewed each head's `hd` rows as `(2, hd/2)`
 /// and swapped the axes, so the file holds them as `(hd/2, 2)`; swapping back restores
 /// Hugging Face's order. `t` is `[heads * hd, in]` (weight) or `[heads * hd]` (bias).
@@ -99,6 +115,21 @@ pub fn unpermute_qk(t: &Tensor, heads: usize) -> Result<Tensor> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn unpermute_rows_is_unpermute_qk() {
+        for (out, heads) in [(8, 2), (24, 3), (64, 4)] {
+            let t = Tensor::arange(0u32, out as u32, &candle_core::Device::Cpu).unwrap();
+            let want: Vec<u32> = unpermute_qk(&t, heads).unwrap().to_vec1().unwrap();
+            let got: Vec<u32> = unpermute_rows(out, heads)
+                .unwrap()
+                .iter()
+                .map(|&r| r as u32)
+                .collect();
+            assert_eq!(got, want);
+        }
+        assert!(unpermute_rows(6, 4).is_err());
+    }
     use candle_core::Device;
 
     #[test]

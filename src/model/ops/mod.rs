@@ -32,7 +32,7 @@ mod logprobs;
 
 pub use graph::{add, attach, matmul, mul, pad_cols, prefix_cat};
 pub use layer::{masked_softmax, rms_norm, rope, silu_mul};
-pub use linear::{frozen_linear, widen};
+pub use linear::{base_linear, frozen_linear, widen, BaseWeight};
 pub use logprobs::{chunked_token_logprobs, chunked_token_logprobs_cached, PROB_CACHE_BYTES};
 
 // ---------------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ impl Transformer {
         for layer in &mut self.layers {
             for (m, lin) in LORA_TARGETS.iter().zip(layer.linears_mut()) {
                 lin.lora = if cfg.targets(m) {
-                    let (out_f, in_f) = lin.w.dims2()?;
+                    let (out_f, in_f) = lin.w.dims()?;
                     Some(LoraLinear::new(in_f, out_f, cfg, &mut rng, &self.device)?)
                 } else {
                     None

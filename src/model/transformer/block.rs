@@ -6,26 +6,56 @@
 use super::super::arch::ArchConfig;
 use super::super::lora::{LoraLinear, LoraRun, LORA_TARGETS};
 use super::super::ops;
+use super::super::quant::QuantWeights;
 use super::super::weights::{check_tensor, Weights};
 use super::mode::Mode;
+use crate::model::ops::BaseWeight;
 use anyhow::Result;
 use candle_core::{DType, Tensor};
+
+/// Where a model's frozen tensors come from: the dense map, and the quantized
+/// projections of a quantized base (empty for a dense one).
+#[derive(Clone, Copy)]
+pub(crate) struct Base<'a> {
+    pub(crate) dense: &'a Weights,
+    pub(crate) quant: &'a QuantWeights,
+}
+
+/// The projection `name`: quantized when the base holds it so, else the dense tensor,
+/// checked to have `shape` (and `dtype` when dense).
+pub(super) fn base_weight(
+    w: &Base,
+    name: &str,
+    shape: [usize; 2],
+    dtype: DType,
+) -> Result<BaseWeight> {
+    match w.quant.get(name) {
+        Some(q) if q.dims() != (shape[0], shape[1]) => {
+            anyhow::bail!("tensor {name} has shape {:?}, expected {shape:?}", q.dims())
+        }
+        Some(q) => Ok(BaseWeight::Quant(q.clone())),
+        None => Ok(BaseWeight::Dense(check_tensor(
+            w.dense, name, &shape, dtype,
+        )?)),
+    }
+}
 
 /// A frozen projection `x W^T (+ b)`, with a LoRA adapter when one is attached.
 #[derive(Debug, Clone)]
 pub(super) struct Linear {
-    pub(super) w: Tensor,
+    pub(super) w: BaseWeight,
     pub(super) b: Option<Tensor>,
     pub(super) lora: Option<LoraLinear>,
 }
 
 impl Linear {
-    fn load(w: &Weights, name: &str, shape: [usize; 2], bias: bool, dtype: DType) -> Result<Self> {
+    fn load(w: &Base, name: &str, shape: [usize; 2], bias: bool, dtype: DType) -> Result<Self> {
+        let wname = format!("{name}.weight");
         Ok(Linear {
-            w: check_tensor(w, &format!("{name}.weight"), &shape, dtype)?,
+            w: base_weight(w, &wname, shape, dtype)?,
             b: if bias {
                 Some(check_tensor(
-                    w,
+                    w.dense,
                     &format!("{name}.bias"),
                     &shape[..1],
                     dtype,
@@ -40,7 +70,7 @@ impl Linear {
     fn forward(&self, x: &Tensor, run: Option<LoraRun>) -> candle_core::Result<Tensor> {
         match (&self.lora, run) {
             (Some(l), Some(run)) => l.forward(x, &self.w, self.b.as_ref(), run),
-            _ => ops::frozen_linear(x, &self.w, self.b.as_ref()),
+            _ => ops::base_linear(x, &self.w, self.b.as_ref()),
         }
     }
 }
@@ -97,11 +127,11 @@ pub(super) struct Attention {
 }
 
 impl Attention {
-    fn load(cfg: &ArchConfig, w: &Weights, p: &str, dtype: DType) -> Result<Self> {
+    fn load(cfg: &ArchConfig, w: &Base, p: &str, dtype: DType) -> Result<Self> {
         let (h, d) = (cfg.hidden_size, cfg.head_dim);
         let (q, kv) = (cfg.num_attention_heads * d, cfg.num_key_value_heads * d);
         let lin = |m: &str, shape, bias| Linear::load(w, &format!("{p}.{m}"), shape, bias, dtype);
-        let norm = |m: &str| check_tensor(w, &format!("{p}.{m}.weight"), &[d], dtype);
+        let norm = |m: &str| check_tensor(w.dense, &format!("{p}.{m}.weight"), &[d], dtype);
         let qk_norm = cfg.family.qk_norm();
         Ok(Attention {
             q_proj: lin("q_proj", [q, h], cfg.qkv_bias())?,
@@ -176,7 +206,7 @@ pub(super) struct Mlp {
 }
 
 impl Mlp {
-    fn load(cfg: &ArchConfig, w: &Weights, p: &str, dtype: DType) -> Result<Self> {
+    fn load(cfg: &ArchConfig, w: &Base, p: &str, dtype: DType) -> Result<Self> {
         let (h, i) = (cfg.hidden_size, cfg.intermediate_size);
         let lin = |m: &str, shape| Linear::load(w, &format!("{p}.{m}"), shape, false, dtype);
         Ok(Mlp {
@@ -206,14 +236,19 @@ pub(super) struct Block {
 }
 
 impl Block {
-    pub(super) fn load(cfg: &ArchConfig, w: &Weights, layer: usize, dtype: DType) -> Result<Self> {
+    pub(super) fn load(cfg: &ArchConfig, w: &Base, layer: usize, dtype: DType) -> Result<Self> {
         let p = format!("model.layers.{layer}");
         let h = [cfg.hidden_size];
         Ok(Block {
-            input_layernorm: check_tensor(w, &format!("{p}.input_layernorm.weight"), &h, dtype)?,
+            input_layernorm: check_tensor(
+                w.dense,
+                &format!("{p}.input_layernorm.weight"),
+                &h,
+                dtype,
+            )?,
             self_attn: Attention::load(cfg, w, &format!("{p}.self_attn"), dtype)?,
             post_attention_layernorm: check_tensor(
-                w,
+                w.dense,
                 &format!("{p}.post_attention_layernorm.weight"),
                 &h,
                 dtype,

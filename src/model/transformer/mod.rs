@@ -45,7 +45,8 @@ pub mod rope;
 
 use super::arch::ArchConfig;
 use super::lora::LoraConfig;
-use super::ops;
+use super::ops::{self, BaseWeight};
+use super::quant::QuantWeights;
 use super::weights::{check_tensor, Weights};
 use anyhow::{anyhow, bail, Result};
 use block::Block;
@@ -79,7 +80,7 @@ pub fn default_logprob_chunk(vocab: usize) -> usize {
 pub struct Transformer {
     cfg: ArchConfig,
     embed: Tensor,
-    lm_head: Tensor,
+    lm_head: BaseWeight,
     norm: Tensor,
     layers: Vec<Block>,
     lora: Option<LoraConfig>,
@@ -97,6 +98,19 @@ impl Transformer {
     /// dtype is checked; errors name the tensor. `lm_head.weight` is used only when the
     /// embeddings are untied and it is present (otherwise the LM head is the embedding).
     pub fn new(cfg: &ArchConfig, weights: &Weights, lora: Option<&LoraConfig>) -> Result<Self> {
+        Self::with_quant(cfg, weights, &QuantWeights::new(), lora)
+    }
+
+    /// [`Self::new`] with a quantized base: the projections and LM head found in
+    /// `quant` (see [`super::quant`]) are used from there, everything else from
+    /// `weights`. A quantized `lm_head.weight` is used even when the embeddings are tied
+    /// (it is then the embedding's quantized copy).
+    pub fn with_quant(
+        cfg: &ArchConfig,
+        weights: &Weights,
+        quant: &QuantWeights,
+        lora: Option<&LoraConfig>,
+    ) -> Result<Self> {
         cfg.validate()?;
         let emb_name = "model.embed_tokens.weight";
         let embed0 = weights
@@ -109,15 +123,19 @@ impl Transformer {
         let device = embed0.device().clone();
         let (v, h) = (cfg.vocab_size, cfg.hidden_size);
         let embed = check_tensor(weights, emb_name, &[v, h], dtype)?;
+        let base = block::Base {
+            dense: weights,
+            quant,
+        };
         let untied = !cfg.tie_word_embeddings && weights.contains_key("lm_head.weight");
-        let lm_head = if untied {
-            check_tensor(weights, "lm_head.weight", &[v, h], dtype)?
+        let lm_head = if untied || quant.contains_key("lm_head.weight") {
+            block::base_weight(&base, "lm_head.weight", [v, h], dtype)?
         } else {
-            embed.clone()
+            BaseWeight::Dense(embed.clone())
         };
         let norm = check_tensor(weights, "model.norm.weight", &[h], dtype)?;
         let layers = (0..cfg.num_hidden_layers)
-            .map(|l| Block::load(cfg, weights, l, dtype))
+            .map(|l| Block::load(cfg, &base, l, dtype))
             .collect::<Result<Vec<_>>>()?;
         let mut model = Transformer {
             cfg: cfg.clone(),
@@ -157,31 +175,65 @@ impl Transformer {
         if !matches!(dtype, DType::F32 | DType::BF16 | DType::F16) {
             bail!("base dtype {dtype:?} is not f32, bf16 or f16");
         }
-        let tied = self.lm_head.id() == self.embed.id();
-        self.embed = self.embed.to_dtype(dtype)?;
-        self.lm_head = if tied {
-            self.embed.clone()
-        } else {
-            self.lm_head.to_dtype(dtype)?
+        let narrow = |w: &mut BaseWeight| -> Result<()> {
+            if let BaseWeight::Dense(t) = w {
+                *t = t.to_dtype(dtype)?;
+            }
+            Ok(())
         };
+        let tied = matches!(&self.lm_head, BaseWeight::Dense(t) if t.id() == self.embed.id());
+        self.embed = self.embed.to_dtype(dtype)?;
+        if tied {
+            self.lm_head = BaseWeight::Dense(self.embed.clone());
+        } else {
+            narrow(&mut self.lm_head)?;
+        }
         for layer in &mut self.layers {
             for lin in layer.linears_mut() {
-                lin.w = lin.w.to_dtype(dtype)?;
+                narrow(&mut lin.w)?;
             }
         }
         Ok(())
     }
 
-    /// The dtype the frozen base matrices are stored in ([`Self::set_base_dtype`]).
+    /// The dtype the dense frozen base matrices are stored in ([`Self::set_base_dtype`]);
+    /// the embedding's (and the LM head's when it is dense).
     pub fn base_dtype(&self) -> DType {
-        self.lm_head.dtype()
+        self.embed.dtype()
+    }
+
+    /// The frozen base matrices (projections and LM head, not the embedding) by storage
+    /// type: `(type name, tensors, bytes)`, e.g. `("q4_k", 168, 3.9e9)`.
+    pub fn base_storage(&self) -> Vec<(String, usize, usize)> {
+        let mut by: std::collections::BTreeMap<String, (usize, usize)> = Default::default();
+        let all = self
+            .layers
+            .iter()
+            .flat_map(|l| l.linears().map(|lin| &lin.w))
+            .chain(std::iter::once(&self.lm_head));
+        for w in all {
+            let e = by.entry(w.type_name()).or_default();
+            e.0 += 1;
+            e.1 += w.storage_bytes();
+        }
+        by.into_iter().map(|(t, (n, b))| (t, n, b)).collect()
+    }
+
+    /// Whether any frozen matrix is quantized.
+    pub fn has_quantized_base(&self) -> bool {
+        matches!(self.lm_head, BaseWeight::Quant(_))
+            || self.layers.iter().any(|l| {
+                l.linears()
+                    .iter()
+                    .any(|lin| matches!(lin.w, BaseWeight::Quant(_)))
+            })
     }
 
     /// Full logits `[..., V]` in f32 (computed in the model dtype, then cast) —
     /// materialises every position: use for short inputs/tests; prefer
     /// [`Self::last_logits`] or [`Self::token_logprobs`].
     pub fn logits(&self, hidden: &Tensor) -> Result<Tensor> {
-        Ok(ops::frozen_linear(hidden, &self.lm_head, None)?.to_dtype(DType::F32)?)
+        Ok(ops::base_linear(hidden, &self.lm_head, None)?.to_dtype(DType::F32)?)
     }
 
     /// Logits of the last position of each row: `hidden` `[B, T, H]` -> `[B, V]` f32.
@@ -213,9 +265,14 @@ impl Transformer {
         }
         let hs = hidden.contiguous()?.reshape((b * t, h))?;
         let ids = targets.flatten_all()?;
+        // A quantized head is dequantized for this call (a dense one is widened inside).
+        let head = match &self.lm_head {
+            BaseWeight::Dense(t) => t.clone(),
+            q => q.dense(self.dtype)?,
+        };
         let (lp, ent) = ops::chunked_token_logprobs(
             &hs,
-            &self.lm_head,
+            &head,
             &ids,
             temperature,
             self.logprob_chunk,
