@@ -220,3 +220,35 @@ fn cfg_tiny_projection_weights() -> usize {
         .sum::<usize>()
         + c.vocab_size * c.hidden_size
 }
+
+/// The training-memory estimate counts the copies a quantized base makes: the LM head
+/// dequantized for the log-probs (alive until their backward) and the largest
+/// projection dequantized for one GEMM call.
+#[test]
+fn the_memory_estimate_counts_the_dequantized_copies() {
+    use concord::model::budget::{TrainMemory, TrainShape};
+    let shape = TrainShape::Packed {
+        rows: 2,
+        width: 60,
+        scored: 59,
+    };
+    let dense = Transformer::new(&cfg(), &dense(), Some(&lora())).unwrap();
+    let (quant, _, _) = pair(QuantMode::Q4K);
+    let (d, q) = (
+        TrainMemory::new(&dense, true).estimate(shape),
+        TrainMemory::new(&quant, true).estimate(shape),
+    );
+    let c = cfg();
+    let head = (c.vocab_size * c.hidden_size * 4) as f64;
+    let mlp = (c.intermediate_size * c.hidden_size * 4) as f64;
+    assert_eq!(q.held - d.held, head);
+    assert_eq!(q.transient - d.transient, mlp);
+    assert_eq!(
+        quant.base_copies(),
+        (
+            c.vocab_size * c.hidden_size,
+            c.intermediate_size * c.hidden_size
+        )
+    );
+    assert_eq!(dense.base_copies(), (0, 0));
+}

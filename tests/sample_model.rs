@@ -254,7 +254,11 @@ fn quantized_base_logprobs_match_training_forward(on: ChooseOn) {
         let ps = prompts();
         let out = groups(&model, &ps, 1, &SamplingParams::greedy(10), 1, on);
         for (i, p) in ps.iter().enumerate() {
-            assert_eq!(out[i][0].ids, naive_greedy(&model, p, 10), "{mode:?} prompt {i}");
+            assert_eq!(
+                out[i][0].ids,
+                naive_greedy(&model, p, 10),
+                "{mode:?} prompt {i}"
+            );
         }
     }
 }

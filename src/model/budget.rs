@@ -221,6 +221,12 @@ pub struct TrainMemory {
     dropout_in: f64,
     logprob_chunk: usize,
     checkpointing: bool,
+    /// Bytes of the LM head's copy in the model dtype when it is stored narrower or
+    /// quantized: made by each log-prob call and alive until its backward.
+    head_copy: f64,
+    /// Bytes of the largest quantized projection dequantized for one GEMM call (prefill,
+    /// training forward, backward).
+    projection_copy: f64,
 }
 
 /// One forward stream: `tokens` query positions attending to `keys` keys each.
@@ -233,13 +239,19 @@ impl TrainMemory {
     /// The estimator for `model` (its shape, dtype, adapter and log-prob chunk), with
     /// or without gradient checkpointing.
     pub fn new(model: &Transformer, checkpointing: bool) -> Self {
-        Self::from_config(
-            model.config(),
-            model.dtype(),
-            model.lora_config(),
-            model.logprob_chunk,
-            checkpointing,
-        )
+        let (head, projection) = model.base_copies();
+        let elem = bytes_of(model.dtype());
+        TrainMemory {
+            head_copy: head as f64 * elem,
+            projection_copy: projection as f64 * elem,
+            ..Self::from_config(
+                model.config(),
+                model.dtype(),
+                model.lora_config(),
+                model.logprob_chunk,
+                checkpointing,
+            )
+        }
     }
 
     /// The estimator for a model of shape `cfg` in `dtype` with adapter `lora`, scoring
@@ -271,6 +283,8 @@ impl TrainMemory {
             dropout_in,
             logprob_chunk,
             checkpointing,
+            head_copy: 0.0,
+            projection_copy: 0.0,
         }
     }
 
@@ -363,8 +377,11 @@ impl TrainMemory {
             .fold(0.0, f64::max);
         let chunk = 12.0 * (self.logprob_chunk as f64).min(scored) * vocab;
         MemoryEstimate {
-            held: layers + masks + head,
-            transient: attn.max(mlp).max(chunk) + 16.0 * tokens * h + 8.0 * scored * h,
+            held: layers + masks + head + self.head_copy,
+            transient: attn.max(mlp).max(chunk)
+                + 16.0 * tokens * h
+                + 8.0 * scored * h
+                + self.projection_copy,
         }
     }
 }

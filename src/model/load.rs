@@ -42,6 +42,19 @@ pub fn load_checkpoint(
     Ok(ck)
 }
 
+/// A released shape (`random:qwen2.5-7b`, ...) gets its family's tokenizer, so it can be
+/// trained (`bench grpo-step`); `random:tiny`'s 512 ids fit none.
+fn random_tokenizer(config: &ArchConfig) -> Result<(Option<Tokenizer>, GenerationConfig)> {
+    let (_, ids) = super::tiny::family::vocab(config.family);
+    if config.vocab_size < ids {
+        return Ok((None, GenerationConfig::default()));
+    }
+    let gen = GenerationConfig::parse(
+        &super::tiny::family::generation_config_json(config.family).to_string(),
+    )?;
+    Ok((Some(Tokenizer::for_family(config.family)?), gen))
+}
+
 /// Random weights (seed 0) of `config`: dense, or with the projections and LM head
 /// quantized as they are drawn (a 7B shape never holds its f32 projections at once).
 fn random_model(
@@ -82,7 +95,7 @@ fn random_model(
 // ---------------------------------------------------------------------------------------
 
 /// The built-in architecture shapes of `random:SHAPE` models (random weights in memory,
-/// no files, no tokenizer: benchmarks).
+/// no files; the family's tokenizer except for `tiny`: benchmarks).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BuiltinShape {
     /// [`ArchConfig::tiny`]: a Qwen2 of hidden 64, 2 layers, vocabulary 512.
@@ -159,9 +172,10 @@ pub const RANDOM_PREFIX: &str = "random:";
 #[derive(Debug, Clone)]
 pub struct ModelSpec {
     /// A local checkpoint directory, a Hub id (`Qwen/Qwen2.5-0.5B-Instruct[@revision]`),
-    /// or `random:SHAPE` (`random:tiny`, `random:qwen2.5-0.5b` (alias `random:0.5b`), `random:qwen3-0.6b`,
-    /// `random:qwen3-4b`, `random:llama3.2-1b`):
-    /// random weights (seed 0) of a built-in shape, without tokenizer.
+    /// or `random:SHAPE` (`random:tiny`, `random:qwen2.5-0.5b` (alias `random:0.5b`),
+    /// `random:qwen2.5-1.5b`, `-3b`, `-7b`, `random:qwen3-0.6b`, `random:qwen3-4b`,
+    /// `random:llama3.2-1b`): random weights (seed 0) of a built-in shape, with the
+    /// family's tokenizer (none for `random:tiny`).
     pub name: String,
     /// Compute dtype; None: f32 for `random:` models, else [`default_dtype`] of `device`.
     pub dtype: Option<DType>,
@@ -226,9 +240,9 @@ pub struct LoadedModel {
     pub name: String,
     pub config: ArchConfig,
     pub model: Transformer,
-    /// None for `random:` models.
+    /// None for `random:tiny`.
     pub tokenizer: Option<Tokenizer>,
-    /// Empty (all defaults) for `random:` models.
+    /// The family's for `random:` shapes (all defaults for `random:tiny`).
     pub generation_config: GenerationConfig,
     /// config.json beyond the architecture (None for `random:` models).
     pub info: Option<CheckpointConfig>,
@@ -245,7 +259,7 @@ impl LoadedModel {
             .ok_or_else(|| anyhow!("{} has no tokenizer", self.name))
     }
 
-    /// Text and chat rendering: the tokenizer, or ids as text for `random:` models.
+    /// Text and chat rendering: the tokenizer, or ids as text for `random:tiny`.
     pub fn renderer(&self) -> &dyn Renderer {
         match &self.tokenizer {
             Some(t) => t,
@@ -253,7 +267,7 @@ impl LoadedModel {
         }
     }
 
-    /// Tokens that end a completion (none for `random:` models).
+    /// Tokens that end a completion (none for `random:tiny`).
     pub fn stop_token_ids(&self) -> Vec<u32> {
         self.renderer().stop_ids()
     }
@@ -315,7 +329,7 @@ pub fn load_with_renderer(spec: &ModelSpec) -> Result<(Transformer, Box<dyn Rend
     let name = &spec.name;
     let tokenizer = m.tokenizer.with_context(|| {
         let hint = if name.starts_with("random:") {
-            " (`random:` shapes are for benchmarks; to train on a built-in model, give \
+            " (`random:tiny` is for benchmarks; to train on a built-in model, give \
              `model.name = \"PATH\"` with `model.init_tiny = true`, as \
              configs/quickstart.toml does)"
         } else {
@@ -345,12 +359,13 @@ pub fn load_model(spec: &ModelSpec) -> Result<LoadedModel> {
             let (w, q) = random_model(&config, dtype, &spec.device, spec.quant_mode())?;
             let model = Transformer::with_quant(&config, &w, &q, spec.lora.as_ref())
                 .with_context(|| format!("building the model {name}"))?;
+            let (tokenizer, generation_config) = random_tokenizer(&config)?;
             LoadedModel {
                 name: name.clone(),
                 config,
                 model,
-                tokenizer: None,
-                generation_config: GenerationConfig::default(),
+                tokenizer,
+                generation_config,
                 info: None,
                 files: None,
                 dtype,

@@ -6,7 +6,7 @@
 //! input row. The weights stream from memory once, as blocks, and the result equals
 //! [`skinny::matmul_wt_on`] on the dequantized matrix bit for bit: each output's dot
 //! product is computed by the same code in the same order.
-use super::{rows_to_f32, QuantWeight};
+use super::{rows_to_f32_on, QuantWeight};
 use crate::model::skinny::{self, Kernels};
 use anyhow::Result;
 use rayon::prelude::*;
@@ -60,7 +60,7 @@ pub fn matmul_wt_on(path: Kernels, x: &[f32], w: &QuantWeight, m: usize) -> Resu
                 while t < no {
                     let rows = tile.min(no - t);
                     let (r0, wt) = (o0 + t, &mut s[..rows * k]);
-                    rows_to_f32(ty, &bytes[r0 * rb..(r0 + rows) * rb], wt)?;
+                    rows_to_f32_on(path, ty, &bytes[r0 * rb..(r0 + rows) * rb], wt)?;
                     skinny::kernel(path, x, wt, m, k, rows, &mut out[t * m..(t + rows) * m]);
                     t += rows;
                 }

@@ -17,6 +17,7 @@
 //! - [`QuantWeights`]: the quantized tensors of a model by Hugging Face name, and
 //!   [`quantize_weights`], which moves a dense map's projections into it.
 pub mod decode;
+pub mod dequant;
 
 use anyhow::{anyhow, bail, Result};
 use candle_core::quantized::k_quants::{
@@ -32,6 +33,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::arch::ArchConfig;
+use super::skinny::Kernels;
 use super::weights::Weights;
 
 /// How a quantized base is built.
@@ -252,9 +254,19 @@ impl QuantWeight {
     }
 }
 
-/// Dequantize whole rows of blocks `bytes` of type `ty` into `out` (`out.len()` values),
-/// with candle's `to_float`: bit for bit what `QTensor::dequantize` gives.
+/// Dequantize whole rows of blocks `bytes` of type `ty` into `out` (`out.len()` values):
+/// bit for bit what candle's `QTensor::dequantize` gives, on the [`Kernels::active`]
+/// path.
 pub fn rows_to_f32(ty: GgmlDType, bytes: &[u8], out: &mut [f32]) -> Result<()> {
+    rows_to_f32_on(Kernels::active(), ty, bytes, out)
+}
+
+/// [`rows_to_f32`] on `path`: the vectorized [`dequant`] code for Q8_0, Q4_K, Q5_0 and
+/// Q6_K, candle's `to_float` for every other type.
+pub fn rows_to_f32_on(path: Kernels, ty: GgmlDType, bytes: &[u8], out: &mut [f32]) -> Result<()> {
+    if dequant::rows(path, ty, bytes, out) {
+        return Ok(());
+    }
     fn go<T: GgmlType>(bytes: &[u8], out: &mut [f32]) -> Result<()> {
         let size = std::mem::size_of::<T>();
         if bytes.len() % size != 0 || bytes.len() / size * T::BLCK_SIZE != out.len() {

@@ -101,6 +101,27 @@ impl Tokenizer {
         )
     }
 
+    /// The family's released tokenizer as embedded in the binary (what `init-tiny`
+    /// writes), with its Instruct chat template and generation_config's stop ids.
+    pub fn for_family(family: crate::model::Family) -> Result<Self> {
+        use crate::model::tiny::family::{
+            generation_config_json, tokenizer_config_json, tokenizer_json,
+        };
+        let json = tokenizer_json(family)?;
+        let inner = tokenizers::Tokenizer::from_bytes(&json)
+            .map_err(|e| anyhow!("loading the embedded {family} tokenizer: {e}"))?;
+        let config = tokenizer_config_json(family, &json)?;
+        let gen = super::generation::GenerationConfig::parse(
+            &generation_config_json(family).to_string(),
+        )?;
+        Self::new(
+            inner,
+            &config,
+            template_from_config(&config),
+            &gen.eos_token_ids,
+        )
+    }
+
     /// Load from explicit files. `extra_eos` are generation_config's `eos_token_id`s.
     pub fn from_files(
         tokenizer_json: &Path,

@@ -219,6 +219,27 @@ impl Transformer {
         by.into_iter().map(|(t, (n, b))| (t, n, b)).collect()
     }
 
+    /// Elements of the copies training makes of the frozen base, in the model dtype:
+    /// `(LM head, largest projection)`. The head is copied when it is stored narrower or
+    /// quantized (each log-prob call widens or dequantizes it); the largest quantized
+    /// projection is dequantized by each GEMM call. Zeros for an all-f32 base.
+    pub fn base_copies(&self) -> (usize, usize) {
+        let elems = |w: &BaseWeight| w.dims().map(|(n, k)| n * k).unwrap_or(0);
+        let head = match &self.lm_head {
+            BaseWeight::Dense(t) if t.dtype() == self.dtype => 0,
+            w => elems(w),
+        };
+        let projection = self
+            .layers
+            .iter()
+            .flat_map(|l| l.linears())
+            .filter(|lin| matches!(lin.w, BaseWeight::Quant(_)))
+            .map(|lin| elems(&lin.w))
+            .max()
+            .unwrap_or(0);
+        (head, projection)
+    }
+
     /// Whether any frozen matrix is quantized.
     pub fn has_quantized_base(&self) -> bool {
         matches!(self.lm_head, BaseWeight::Quant(_))
