@@ -755,6 +755,7 @@ fn bench_grpo_step_always_updates() {
             "grpo.num_generations=4".into(),
         ],
         model: Some(dir.path().join("tiny").display().to_string()),
+        warmup: 1,
         steps: 1,
         export_prompts: Some(dir.path().join("prompts.jsonl")),
     })

@@ -90,9 +90,12 @@ pub struct BenchStepArgs {
     /// `[model] base_dtype`).
     #[arg(long)]
     pub base_dtype: Option<String>,
-    /// Timed steps, after one untimed warm-up step (1 to 10,000).
+    /// Timed steps, after the warm-up steps (1 to 10,000).
     #[arg(long, default_value_t = 1, value_parser = super::repetitions)]
     pub steps: usize,
+    /// Untimed warm-up steps first (0 to 100).
+    #[arg(long, default_value_t = 1, value_parser = super::warmups)]
+    pub warmup: usize,
     /// Print the report as JSON.
     #[arg(long)]
     pub json: bool,
@@ -112,6 +115,7 @@ fn run_step(a: BenchStepArgs) -> anyhow::Result<()> {
         sets,
         model: a.model,
         steps: a.steps,
+        warmup: a.warmup,
         export_prompts: a.export_prompts,
     })?;
     if a.json {

@@ -160,8 +160,10 @@ pub struct BenchStepOptions {
     pub sets: Vec<String>,
     /// Overrides `[model] name`.
     pub model: Option<String>,
-    /// Timed steps (after one untimed warm-up step).
+    /// Timed steps (after `warmup` untimed ones).
     pub steps: usize,
+    /// Untimed warm-up steps before them.
+    pub warmup: usize,
     /// Write the timed steps' rendered prompts here as JSON lines
     /// (`{"step", "prompt", "prompt_tokens"}`), so that another trainer can run the very
     /// same prompts (`scripts/bench_grpo_vs_trl.py`).
@@ -182,6 +184,10 @@ pub struct BenchStepReport {
     pub trained_tokens: f64,
     pub steps: usize,
     pub peak_rss_mb: f64,
+    /// Resident memory with the model loaded, before the first step.
+    pub load_rss_mb: f64,
+    /// The frozen base's storage by type ([`base_json`]).
+    pub base: serde_json::Value,
     /// How the last timed update was cut to the memory budget: its micro-batches, and
     /// the trainer's memory line (estimate per row, budget, split).
     pub micro_batches: usize,
@@ -206,6 +212,8 @@ pub fn bench_step(o: &BenchStepOptions) -> Result<BenchStepReport> {
     let cfg = crate::config::Config::load(&o.config, &sets)?;
     let stages = crate::curriculum::build(&cfg)?;
     let (model, renderer) = crate::model::load::load_with_renderer(&cfg.model_spec()?)?;
+    let load_rss_mb = crate::sys::rss_mb();
+    let base_types = base_json(&model);
     let base = cfg.model.name.clone();
     let mut t = super::trainer::Trainer::with_stages(cfg, model, renderer, stages, base, false)?;
     t.quiet = true;
@@ -214,7 +222,7 @@ pub fn bench_step(o: &BenchStepOptions) -> Result<BenchStepReport> {
         let mut sums = [0.0f64; 7];
         let mut last_plan = crate::learn::Plan::default();
         let timed = o.steps.max(1);
-        for i in 0..=timed {
+        for i in 0..o.warmup + timed {
             let t0 = Instant::now();
             let stage = t.stage_index();
             let seed = t.step_seed();
@@ -228,8 +236,8 @@ pub fn bench_step(o: &BenchStepOptions) -> Result<BenchStepReport> {
             }
             let stats = t.update(stage, &batch, seed)?;
             t.session.state.step += 1;
-            if i == 0 {
-                continue; // warm-up
+            if i < o.warmup {
+                continue;
             }
             last_plan = stats.plan.clone();
             exported.extend(batch.prompts.iter().map(
@@ -259,6 +267,8 @@ pub fn bench_step(o: &BenchStepOptions) -> Result<BenchStepReport> {
             trained_tokens: sums[6] / n,
             steps: timed,
             peak_rss_mb: crate::sys::peak_rss_mb(),
+            load_rss_mb,
+            base: base_types.clone(),
             micro_batches: last_plan.micro_batches.len(),
             memory_plan: last_plan.summary(),
         })
