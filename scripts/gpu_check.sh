@@ -6,7 +6,8 @@
 #   scripts/gpu_check.sh /tmp/gc; cp /tmp/gc/logs.tgz $OUT/
 # It prints device info, compares CUDA and CPU log-probs on tiny models, benchmarks
 # sampling (tokens chosen on the device and, for comparison, on the host) and LoRA
-# training on a Qwen2.5-0.5B-shaped random model and runs a 5-step training run; every
+# training on a Qwen2.5-0.5B-shaped random model (also on a Q4_K base, and a Q8_0 base's
+# log-probs against the CPU's) and runs a 5-step training run; every
 # step has its own time limit so the whole stays within 8 minutes.
 #
 # Rehearsal without a GPU (checks every command line):
@@ -80,6 +81,29 @@ for dt, abs_tol, rel_tol in (("f32", 1e-3, 0.0), (dtype, 0.05, 0.01)):
         sys.exit(1)
 PY
 done
+
+# A quantized base (q8_0): the device's dequantization against the CPU's, same weights.
+dir="$OUT/tiny-untied"
+for dev in "cpu" "$DEV"; do
+  step "score-q8-${dev/:/}" 60 "$BIN" score --model "$dir" --messages "$OUT/msgs.json" \
+    --completion '{"commitment": "DEPLOY_PROD_B", "message": "taking B"}' --device "$dev" \
+    --dtype f32 --base-dtype q8_0
+done
+python3 - "$OUT" "$TAG" <<'PY' || status=1
+import json, sys
+out, dev = sys.argv[1:]
+def lp(name):
+    text = open(f"{out}/score-q8-{name}.log").read()
+    return json.loads(text[text.index("{"):])["logprobs"]
+d = max(abs(a - b) for a, b in zip(lp("cpu"), lp(dev)))
+print(f"q8_0 base: max |cpu - {dev}| = {d:.2e} (tolerance 1e-3)")
+sys.exit(0 if d <= 1e-3 else 1)
+PY
+step bench-sample-q4k 120 "$BIN" bench sample --model random:qwen2.5-0.5b --device "$DEV" \
+  --dtype "$DTYPE" --base-dtype q4_k --prompts 1 --num-generations 8 --new-tokens "$NEW" \
+  --prompt-tokens 100 --json
+step bench-train-q4k 120 "$BIN" bench train --model random:0.5b --device "$DEV" --dtype "$DTYPE" \
+  --base-dtype q4_k --batch 8 --seq 160 --json
 
 # Sampling: tokens chosen on the device (the default off the CPU) and on the host.
 for p in 1 4; do

@@ -1,4 +1,4 @@
-//! `concord model init-tiny` and `concord model init-adapter`.
+//! `concord model init-tiny`, `concord model init-adapter` and `concord model estimate`.
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};
@@ -23,6 +23,73 @@ pub enum ModelCommand {
     /// Write a PEFT LoRA adapter for a model with random A and (nonzero) random B, saved
     /// by Concord (used by scripts/make_parity_fixtures.py to check peft loads it).
     InitAdapter(InitAdapterArgs),
+    /// Estimate the memory of one GRPO step of a built-in shape (weights in their
+    /// storage types, adapter + AdamW, sampling KV cache, training): will it fit?
+    Estimate(EstimateArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct EstimateArgs {
+    /// A built-in shape: qwen2.5-0.5b, qwen2.5-1.5b, qwen2.5-3b, qwen2.5-7b, qwen3-0.6b,
+    /// qwen3-4b, llama3.2-1b.
+    #[arg(long)]
+    pub shape: String,
+    /// Compute dtype: f32, bf16 or f16.
+    #[arg(long, default_value = "bf16")]
+    pub dtype: String,
+    /// Storage of the frozen base: f32, bf16, f16, q8_0 or q4_k [default: --dtype].
+    #[arg(long)]
+    pub base_dtype: Option<String>,
+    /// Prompt tokens of the group.
+    #[arg(long, default_value_t = 512)]
+    pub prompt_tokens: usize,
+    /// Completions per prompt (G).
+    #[arg(long, default_value_t = 8)]
+    pub num_generations: usize,
+    /// Tokens per completion.
+    #[arg(long, default_value_t = 64)]
+    pub completion_tokens: usize,
+    /// LoRA rank on all seven projections.
+    #[arg(long, default_value_t = 16, value_parser = super::lora_rank)]
+    pub r: usize,
+    /// Estimate without gradient checkpointing.
+    #[arg(long)]
+    pub no_checkpointing: bool,
+}
+
+fn estimate(a: &EstimateArgs) -> Result<()> {
+    use crate::model::fit::{estimate_step, StepShape};
+    use crate::model::load::{parse_dtype, BuiltinShape};
+    use crate::model::quant::BaseDtype;
+    let shape = BuiltinShape::parse(&a.shape)
+        .ok_or_else(|| anyhow::anyhow!("unknown --shape {:?}", a.shape))?;
+    let dtype = parse_dtype(&a.dtype, &candle_core::Device::Cpu)?;
+    let base = match &a.base_dtype {
+        Some(b) => BaseDtype::parse(b)?,
+        None => BaseDtype::Float(dtype),
+    };
+    let lora = LoraConfig {
+        r: a.r,
+        alpha: 2.0 * a.r as f64,
+        ..LoraConfig::default()
+    };
+    let step = StepShape {
+        prompt: a.prompt_tokens,
+        rows: a.num_generations,
+        completion: a.completion_tokens,
+        checkpointing: !a.no_checkpointing,
+    };
+    let e = estimate_step(&shape.config(), dtype, base, &lora, step)?;
+    crate::say!(
+        "{}",
+        serde_json::json!({
+            "shape": shape.name(), "dtype": a.dtype, "base_dtype": base.name(),
+            "weights_gb": e.weights / 1e9, "adapter_gb": e.adapter / 1e9,
+            "sampling_gb": e.sampling / 1e9, "training_gb": e.training / 1e9,
+            "total_gb": e.total() / 1e9,
+        })
+    );
+    Ok(())
 }
 
 #[derive(Args, Debug)]
@@ -173,6 +240,7 @@ fn parse_rope_scaling(s: &str) -> Result<Llama3Rope> {
 
 pub fn run(args: ModelArgs) -> Result<()> {
     match args.command {
+        ModelCommand::Estimate(a) => estimate(&a),
         ModelCommand::InitAdapter(a) => {
             init_adapter(&InitAdapterOptions {
                 model: a.model.clone(),

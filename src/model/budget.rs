@@ -300,6 +300,14 @@ impl TrainMemory {
         }
     }
 
+    /// The same estimator counting a frozen base's copies ([`Transformer::base_copies`],
+    /// in bytes): the LM head's and the largest dequantized projection's.
+    pub fn with_base_copies(mut self, head: f64, projection: f64) -> Self {
+        self.head_copy = head;
+        self.projection_copy = projection;
+        self
+    }
+
     /// Estimated memory of one training forward + backward of `shape`.
     pub fn estimate(&self, shape: TrainShape) -> MemoryEstimate {
         let c = &self.cfg;

@@ -15,11 +15,13 @@
 //! - [`tiny`], [`adapter`]: deterministic random checkpoints and adapters (tests, parity);
 //! - [`score`]: log-probabilities of a completion (`concord score`);
 //! - [`budget`]: positions and memory checked before a sampling, scoring or training call
-//!   allocates (the training-memory estimate behind `[optim] memory_budget_gb`).
+//!   allocates (the training-memory estimate behind `[optim] memory_budget_gb`); [`fit`]:
+//!   a whole GRPO step's memory from a shape alone (`concord model estimate`).
 pub mod adapter;
 pub mod arch;
 pub mod budget;
 pub mod checkpoint;
+pub mod fit;
 pub mod generation;
 pub mod gguf;
 pub mod load;

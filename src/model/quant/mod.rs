@@ -152,22 +152,36 @@ impl QuantWeight {
         })
     }
 
-    /// Quantize a dense `[n, k]` matrix to `ty` (rows in parallel), on `w`'s device.
+    /// Quantize a dense `[n, k]` matrix to `ty` (rows in parallel), on `w`'s device. An
+    /// f32 CPU matrix is read in place, and on the CPU the blocks become the storage
+    /// without a copy: a 7B embedding quantized as a tied head costs its blocks only.
     pub fn quantize(w: &Tensor, ty: GgmlDType) -> Result<Self> {
         let (n, k) = w.dims2()?;
         if k % ty.block_size() != 0 {
             bail!("{k} columns are not whole {ty:?} blocks");
         }
-        let x: Vec<f32> = w
-            .to_device(&Device::Cpu)?
-            .to_dtype(DType::F32)?
-            .flatten_all()?
-            .to_vec1()?;
+        let w = w.contiguous()?;
+        let dense;
+        let (storage, layout) = w.storage_and_layout();
+        let x: &[f32] = match &*storage {
+            candle_core::Storage::Cpu(candle_core::CpuStorage::F32(v)) => {
+                &v[layout.start_offset()..layout.start_offset() + n * k]
+            }
+            _ => {
+                dense = w
+                    .to_device(&Device::Cpu)?
+                    .to_dtype(DType::F32)?
+                    .flatten_all()?
+                    .to_vec1::<f32>()?;
+                &dense
+            }
+        };
+        let dev = w.device();
         let storage = match ty {
-            GgmlDType::Q8_0 => storage_of(&quantize_rows::<BlockQ8_0>(&x, k), w.device(), ty)?,
-            GgmlDType::Q4K => storage_of(&quantize_rows::<BlockQ4K>(&x, k), w.device(), ty)?,
-            GgmlDType::Q5_0 => storage_of(&quantize_rows::<BlockQ5_0>(&x, k), w.device(), ty)?,
-            GgmlDType::Q6K => storage_of(&quantize_rows::<BlockQ6K>(&x, k), w.device(), ty)?,
+            GgmlDType::Q8_0 => storage_of(quantize_rows::<BlockQ8_0>(x, k), dev, ty)?,
+            GgmlDType::Q4K => storage_of(quantize_rows::<BlockQ4K>(x, k), dev, ty)?,
+            GgmlDType::Q5_0 => storage_of(quantize_rows::<BlockQ5_0>(x, k), dev, ty)?,
+            GgmlDType::Q6K => storage_of(quantize_rows::<BlockQ6K>(x, k), dev, ty)?,
             other => bail!("quantizing to {other:?} is not supported"),
         };
         QuantWeight::new(QTensor::new(storage, (n, k))?)
@@ -317,10 +331,20 @@ fn quantize_rows<T: GgmlType>(x: &[f32], k: usize) -> Vec<T> {
     ys
 }
 
-fn storage_of<T: GgmlType>(blocks: &[T], device: &Device, ty: GgmlDType) -> Result<QStorage> {
-    // SAFETY: blocks are plain data; the byte view covers exactly the slice.
+fn storage_of<T: GgmlType + 'static>(
+    blocks: Vec<T>,
+    device: &Device,
+    ty: GgmlDType,
+) -> Result<QStorage> {
+    if device.is_cpu() {
+        return Ok(QStorage::Cpu(Box::new(blocks)));
+    }
+    // SAFETY: blocks are plain data; the byte view covers exactly the vector.
     let bytes = unsafe {
-        std::slice::from_raw_parts(blocks.as_ptr() as *const u8, std::mem::size_of_val(blocks))
+        std::slice::from_raw_parts(
+            blocks.as_ptr() as *const u8,
+            std::mem::size_of_val(&blocks[..]),
+        )
     };
     Ok(QStorage::from_data(Cow::Borrowed(bytes), device, ty)?)
 }
