@@ -63,6 +63,9 @@ def llamacpp(model, rows, prompt_tokens, new_tokens, threads, seed):
     cp.n_seq_max = rows
     cp.n_threads = threads
     cp.n_threads_batch = threads
+    if hasattr(cp, "kv_unified"):
+        # One prompt shared by every sequence needs a unified KV cache (llama.cpp's -kvu).
+        cp.kv_unified = True
     new_ctx = getattr(L, "llama_init_from_model", None) or L.llama_new_context_with_model
     ctx = new_ctx(m, cp)
     if getattr(L, "llama_model_get_vocab", None):

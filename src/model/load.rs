@@ -42,17 +42,15 @@ pub fn load_checkpoint(
     Ok(ck)
 }
 
-/// A released shape (`random:qwen2.5-7b`, ...) gets its family's tokenizer, so it can be
-/// trained (`bench grpo-step`); `random:tiny`'s 512 ids fit none.
-fn random_tokenizer(config: &ArchConfig) -> Result<(Option<Tokenizer>, GenerationConfig)> {
+/// A released shape (`random:qwen2.5-7b`, ...) is trained (`bench grpo-step`) with its
+/// family's tokenizer; `random:tiny`'s 512 ids fit none. Only trainers load it: sampling
+/// and training benchmarks work on ids and keep its memory out of their peak RSS.
+fn random_tokenizer(config: &ArchConfig) -> Result<Option<Tokenizer>> {
     let (_, ids) = super::tiny::family::vocab(config.family);
     if config.vocab_size < ids {
-        return Ok((None, GenerationConfig::default()));
+        return Ok(None);
     }
-    let gen = GenerationConfig::parse(
-        &super::tiny::family::generation_config_json(config.family).to_string(),
-    )?;
-    Ok((Some(Tokenizer::for_family(config.family)?), gen))
+    Ok(Some(Tokenizer::for_family(config.family)?))
 }
 
 /// Random weights (seed 0) of `config`: dense, or with the projections and LM head
@@ -95,7 +93,8 @@ fn random_model(
 // ---------------------------------------------------------------------------------------
 
 /// The built-in architecture shapes of `random:SHAPE` models (random weights in memory,
-/// no files; the family's tokenizer except for `tiny`: benchmarks).
+/// no files, no tokenizer: benchmarks; trainers give every shape but `tiny` its family's
+/// tokenizer).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BuiltinShape {
     /// [`ArchConfig::tiny`]: a Qwen2 of hidden 64, 2 layers, vocabulary 512.
@@ -174,8 +173,8 @@ pub struct ModelSpec {
     /// A local checkpoint directory, a Hub id (`Qwen/Qwen2.5-0.5B-Instruct[@revision]`),
     /// or `random:SHAPE` (`random:tiny`, `random:qwen2.5-0.5b` (alias `random:0.5b`),
     /// `random:qwen2.5-1.5b`, `-3b`, `-7b`, `random:qwen3-0.6b`, `random:qwen3-4b`,
-    /// `random:llama3.2-1b`): random weights (seed 0) of a built-in shape, with the
-    /// family's tokenizer (none for `random:tiny`).
+    /// `random:llama3.2-1b`): random weights (seed 0) of a built-in shape, without
+    /// tokenizer (trainers give every shape but `tiny` its family's).
     pub name: String,
     /// Compute dtype; None: f32 for `random:` models, else [`default_dtype`] of `device`.
     pub dtype: Option<DType>,
@@ -240,9 +239,9 @@ pub struct LoadedModel {
     pub name: String,
     pub config: ArchConfig,
     pub model: Transformer,
-    /// None for `random:tiny`.
+    /// None for `random:` models ([`load_with_renderer`] gives them their family's).
     pub tokenizer: Option<Tokenizer>,
-    /// The family's for `random:` shapes (all defaults for `random:tiny`).
+    /// Empty (all defaults) for `random:` models.
     pub generation_config: GenerationConfig,
     /// config.json beyond the architecture (None for `random:` models).
     pub info: Option<CheckpointConfig>,
@@ -259,7 +258,7 @@ impl LoadedModel {
             .ok_or_else(|| anyhow!("{} has no tokenizer", self.name))
     }
 
-    /// Text and chat rendering: the tokenizer, or ids as text for `random:tiny`.
+    /// Text and chat rendering: the tokenizer, or ids as text for `random:` models.
     pub fn renderer(&self) -> &dyn Renderer {
         match &self.tokenizer {
             Some(t) => t,
@@ -267,7 +266,7 @@ impl LoadedModel {
         }
     }
 
-    /// Tokens that end a completion (none for `random:tiny`).
+    /// Tokens that end a completion (none for `random:` models).
     pub fn stop_token_ids(&self) -> Vec<u32> {
         self.renderer().stop_ids()
     }
@@ -327,7 +326,16 @@ pub fn load_with_renderer(spec: &ModelSpec) -> Result<(Transformer, Box<dyn Rend
         }
     }
     let name = &spec.name;
-    let tokenizer = m.tokenizer.with_context(|| {
+    let tokenizer = match (m.tokenizer, spec.random_shape()?) {
+        (None, Some(_)) => random_tokenizer(&m.config)?.map(|mut t| {
+            let mut kwargs = default_template_kwargs();
+            kwargs.extend(spec.chat_template_kwargs.clone());
+            t.set_template_kwargs(kwargs);
+            t
+        }),
+        (t, _) => t,
+    };
+    let tokenizer = tokenizer.with_context(|| {
         let hint = if name.starts_with("random:") {
             " (`random:tiny` is for benchmarks; to train on a built-in model, give \
              `model.name = \"PATH\"` with `model.init_tiny = true`, as \
@@ -359,13 +367,12 @@ pub fn load_model(spec: &ModelSpec) -> Result<LoadedModel> {
             let (w, q) = random_model(&config, dtype, &spec.device, spec.quant_mode())?;
             let model = Transformer::with_quant(&config, &w, &q, spec.lora.as_ref())
                 .with_context(|| format!("building the model {name}"))?;
-            let (tokenizer, generation_config) = random_tokenizer(&config)?;
             LoadedModel {
                 name: name.clone(),
                 config,
                 model,
-                tokenizer,
-                generation_config,
+                tokenizer: None,
+                generation_config: GenerationConfig::default(),
                 info: None,
                 files: None,
                 dtype,
