@@ -1581,6 +1581,11 @@ fn quick_invocation(path: &str, d: &Path, run_dir: &Path) -> Option<Vec<String>>
             "--agents=2".into(),
         ],
         "model init-tiny" => vec!["model".into(), "init-tiny".into(), "--out={new}".into()],
+        "model estimate" => vec![
+            "model".into(),
+            "estimate".into(),
+            "--shape=qwen2.5-0.5b".into(),
+        ],
         "model init-adapter" => {
             vec![
                 "model".into(),

@@ -30,7 +30,8 @@ pub struct Cli {
 pub enum Command {
     /// Inspect, play and benchmark the built-in environments.
     Envs(envs::EnvsArgs),
-    /// Create model checkpoints and adapters (`model init-tiny`, `model init-adapter`).
+    /// Create model checkpoints and adapters, estimate a step's memory (`model init-tiny`,
+    /// `model init-adapter`, `model estimate`).
     Model(model::ModelArgs),
     /// Log-probabilities of a completion given a chat prompt (JSON).
     Score(score::ScoreArgs),
@@ -104,6 +105,12 @@ pub(crate) fn rows(s: &str) -> Result<usize, String> {
 /// Tokens of a benchmark sequence (`bench train --seq`).
 pub(crate) fn seq_tokens(s: &str) -> Result<usize, String> {
     bounded(s, 2, crate::config::limits::MAX_COMPLETION_LENGTH)
+}
+
+/// A token count of an estimate (`model estimate --prompt-tokens`): 1 to the longest
+/// completion a config may ask for.
+pub(crate) fn tokens(s: &str) -> Result<usize, String> {
+    bounded(s, 1, crate::config::limits::MAX_COMPLETION_LENGTH)
 }
 
 /// Benchmark repetitions (`--iters`, `--steps`): at least 1, at most 10,000.

@@ -41,13 +41,13 @@ pub struct EstimateArgs {
     #[arg(long)]
     pub base_dtype: Option<String>,
     /// Prompt tokens of the group.
-    #[arg(long, default_value_t = 512)]
+    #[arg(long, default_value_t = 512, value_parser = super::tokens)]
     pub prompt_tokens: usize,
     /// Completions per prompt (G).
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, default_value_t = 8, value_parser = super::rows)]
     pub num_generations: usize,
     /// Tokens per completion.
-    #[arg(long, default_value_t = 64)]
+    #[arg(long, default_value_t = 64, value_parser = super::tokens)]
     pub completion_tokens: usize,
     /// LoRA rank on all seven projections.
     #[arg(long, default_value_t = 16, value_parser = super::lora_rank)]

@@ -20,7 +20,7 @@ pub fn rows(path: Kernels, ty: GgmlDType, bytes: &[u8], out: &mut [f32]) -> bool
         return false;
     };
     assert!(
-        bytes.len() % block == 0 && bytes.len() / block * values == out.len(),
+        bytes.len().is_multiple_of(block) && bytes.len() / block * values == out.len(),
         "dequant: {} bytes for {} values of {ty:?}",
         bytes.len(),
         out.len()

@@ -61,7 +61,7 @@ impl QuantMode {
     /// The ggml type a projection with `k` inputs gets (`head`: the LM head); None for
     /// [`QuantMode::Gguf`], which keeps the file's.
     pub fn target(self, k: usize, head: bool) -> Option<GgmlDType> {
-        let fits = |t: GgmlDType| k % t.block_size() == 0;
+        let fits = |t: GgmlDType| k.is_multiple_of(t.block_size());
         match self {
             QuantMode::Gguf => None,
             QuantMode::Q8_0 => Some(GgmlDType::Q8_0),
@@ -142,7 +142,7 @@ impl QuantWeight {
     /// Wrap a 2-D `QTensor` (as a GGUF file or [`Self::quantize`] gives it).
     pub fn new(q: QTensor) -> Result<Self> {
         let (n, k) = q.shape().dims2()?;
-        if k % q.dtype().block_size() != 0 {
+        if !k.is_multiple_of(q.dtype().block_size()) {
             bail!("{k} columns are not whole {:?} blocks", q.dtype());
         }
         Ok(QuantWeight {
@@ -157,7 +157,7 @@ impl QuantWeight {
     /// without a copy: a 7B embedding quantized as a tied head costs its blocks only.
     pub fn quantize(w: &Tensor, ty: GgmlDType) -> Result<Self> {
         let (n, k) = w.dims2()?;
-        if k % ty.block_size() != 0 {
+        if !k.is_multiple_of(ty.block_size()) {
             bail!("{k} columns are not whole {ty:?} blocks");
         }
         let w = w.contiguous()?;
@@ -283,7 +283,7 @@ pub fn rows_to_f32_on(path: Kernels, ty: GgmlDType, bytes: &[u8], out: &mut [f32
     }
     fn go<T: GgmlType>(bytes: &[u8], out: &mut [f32]) -> Result<()> {
         let size = std::mem::size_of::<T>();
-        if bytes.len() % size != 0 || bytes.len() / size * T::BLCK_SIZE != out.len() {
+        if !bytes.len().is_multiple_of(size) || bytes.len() / size * T::BLCK_SIZE != out.len() {
             bail!(
                 "{} bytes are not {} values of {:?}",
                 bytes.len(),
@@ -291,7 +291,7 @@ pub fn rows_to_f32_on(path: Kernels, ty: GgmlDType, bytes: &[u8], out: &mut [f32
                 T::DTYPE
             );
         }
-        if (bytes.as_ptr() as usize) % std::mem::align_of::<T>() != 0 {
+        if !(bytes.as_ptr() as usize).is_multiple_of(std::mem::align_of::<T>()) {
             bail!("{:?} blocks are not aligned", T::DTYPE);
         }
         // SAFETY: the blocks are plain data (`repr(C)` integers and halves), the length
@@ -356,7 +356,7 @@ fn from_bytes(bytes: &[u8], device: &Device, ty: GgmlDType) -> Result<QStorage> 
         GgmlDType::F32 | GgmlDType::Q8K => 4,
         _ => 2,
     };
-    if (bytes.as_ptr() as usize) % align == 0 {
+    if (bytes.as_ptr() as usize).is_multiple_of(align) {
         return Ok(QStorage::from_data(Cow::Borrowed(bytes), device, ty)?);
     }
     let mut words = vec![0u32; bytes.len().div_ceil(4)];
