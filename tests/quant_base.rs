@@ -12,16 +12,8 @@ use rand_chacha::ChaCha8Rng;
 
 use crate::util::{all_lora_targets, max_abs, max_abs_diff};
 
-/// Hidden 256 and MLP 512, so every projection is whole Q4_K super-blocks.
 fn cfg() -> ArchConfig {
-    ArchConfig {
-        hidden_size: 256,
-        intermediate_size: 512,
-        num_attention_heads: 4,
-        num_key_value_heads: 2,
-        head_dim: 64,
-        ..ArchConfig::tiny()
-    }
+    crate::util::hidden256()
 }
 
 fn lora() -> LoraConfig {

@@ -235,14 +235,7 @@ fn reduced_precision_base_logprobs_match_training_forward(on: ChooseOn) {
 /// through the cache is full recomputation's.
 fn quantized_base_logprobs_match_training_forward(on: ChooseOn) {
     use concord::model::quant::{quantize_weights, QuantMode};
-    let cfg = ArchConfig {
-        hidden_size: 256,
-        intermediate_size: 512,
-        num_attention_heads: 4,
-        num_key_value_heads: 2,
-        head_dim: 64,
-        ..ArchConfig::tiny()
-    };
+    let cfg = crate::util::hidden256();
     for mode in [QuantMode::Q8_0, QuantMode::Q4K] {
         let mut w = random_weights(&cfg, 3, DType::F32, &Device::Cpu).unwrap();
         let e = w["model.embed_tokens.weight"].clone();

@@ -46,3 +46,15 @@ pub fn concord_ok(args: &[&str]) -> String {
     );
     String::from_utf8(out.stdout).unwrap()
 }
+
+/// A tiny Qwen2 of hidden 256 and MLP 512: every projection is whole Q4_K super-blocks.
+pub fn hidden256() -> concord::model::ArchConfig {
+    concord::model::ArchConfig {
+        hidden_size: 256,
+        intermediate_size: 512,
+        num_attention_heads: 4,
+        num_key_value_heads: 2,
+        head_dim: 64,
+        ..concord::model::ArchConfig::tiny()
+    }
+}

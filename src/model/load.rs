@@ -9,7 +9,8 @@ use candle_core::{DType, Device};
 use super::generation::GenerationConfig;
 use super::lora::LoraConfig;
 use super::quant::{
-    is_projection, quantize_one, quantize_weights, BaseDtype, QuantMode, QuantWeights,
+    is_projection, quantize_one, quantize_tied_head, quantize_weights, BaseDtype, QuantMode,
+    QuantWeights,
 };
 use super::tiny::{init_tiny, TinySpec};
 use super::tokenizer::{default_template_kwargs, IdRenderer, Renderer, Tokenizer};
@@ -76,15 +77,7 @@ fn random_model(
         }
         Ok(())
     })?;
-    if !q.contains_key("lm_head.weight") {
-        let e = dense
-            .get("model.embed_tokens.weight")
-            .ok_or_else(|| anyhow!("missing tensor model.embed_tokens.weight"))?;
-        q.insert(
-            "lm_head.weight".into(),
-            quantize_one("lm_head.weight", e, mode)?,
-        );
-    }
+    quantize_tied_head(&dense, &mut q, mode)?;
     Ok((dense, q))
 }
 

@@ -400,16 +400,28 @@ pub fn quantize_weights(
             .ok_or_else(|| anyhow!("missing tensor {name}"))?;
         out.insert(name.clone(), quantize_one(&name, &w, mode)?);
     }
-    if !out.contains_key("lm_head.weight") {
-        let e = weights
-            .get("model.embed_tokens.weight")
-            .ok_or_else(|| anyhow!("missing tensor model.embed_tokens.weight"))?;
-        out.insert(
-            "lm_head.weight".into(),
-            quantize_one("lm_head.weight", e, mode)?,
-        );
-    }
+    quantize_tied_head(weights, &mut out, mode)?;
     Ok(out)
+}
+
+/// A tied model's LM head: a quantized copy of the embedding, which stays dense (nothing
+/// to do when `quant` holds an untied head already).
+pub fn quantize_tied_head(
+    dense: &Weights,
+    quant: &mut QuantWeights,
+    mode: QuantMode,
+) -> Result<()> {
+    if quant.contains_key("lm_head.weight") {
+        return Ok(());
+    }
+    let e = dense
+        .get("model.embed_tokens.weight")
+        .ok_or_else(|| anyhow!("missing tensor model.embed_tokens.weight"))?;
+    quant.insert(
+        "lm_head.weight".into(),
+        quantize_one("lm_head.weight", e, mode)?,
+    );
+    Ok(())
 }
 
 /// Quantize one dense projection as `mode` asks.
