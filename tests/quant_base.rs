@@ -244,3 +244,44 @@ fn the_memory_estimate_counts_the_dequantized_copies() {
     );
     assert_eq!(dense.base_copies(), (0, 0));
 }
+
+/// A measurement, not a check (run with `--ignored --nocapture`): a prefill-sized matmul
+/// (100 and 683 rows) on a quantized weight, dequantized for the call + GEMM (what
+/// Concord does) against candle's quantized matmul (`QMatMul`, 8-bit activations).
+#[test]
+#[ignore]
+fn prefill_dequantize_and_gemm_against_candles_quantized_matmul() {
+    use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
+    use candle_core::Module;
+    use concord::model::ops::{base_linear, BaseWeight};
+    use concord::model::quant::QuantWeight;
+    let mut rng = ChaCha8Rng::seed_from_u64(1);
+    for (ty, n, k) in [(GgmlDType::Q8_0, 4864, 896), (GgmlDType::Q4K, 896, 4864)] {
+        let v: Vec<f32> = (0..n * k).map(|_| rng.gen::<f32>() - 0.5).collect();
+        let w = Tensor::from_vec(v, (n, k), &Device::Cpu).unwrap();
+        let q = QuantWeight::quantize(&w, ty).unwrap();
+        let bw = BaseWeight::Quant(q.clone());
+        let qm = QMatMul::from_qtensor(QTensor::quantize(&w, ty).unwrap()).unwrap();
+        for rows in [100, 683] {
+            let x: Vec<f32> = (0..rows * k).map(|_| rng.gen::<f32>() - 0.5).collect();
+            let x = Tensor::from_vec(x, (1, rows, k), &Device::Cpu).unwrap();
+            let time = |f: &dyn Fn() -> Tensor| {
+                let _ = f();
+                let t = std::time::Instant::now();
+                for _ in 0..5 {
+                    let _ = f();
+                }
+                t.elapsed().as_secs_f64() / 5.0 * 1e3
+            };
+            let ours = time(&|| base_linear(&x, &bw, None).unwrap());
+            let theirs = time(&|| qm.forward(&x).unwrap());
+            let d = max_abs_diff(
+                &base_linear(&x, &bw, None).unwrap(),
+                &qm.forward(&x).unwrap(),
+            );
+            println!(
+                "{ty:?} [{n}, {k}] x {rows} rows: dequantize + GEMM {ours:.2} ms, QMatMul {theirs:.2} ms, max |Δ| {d:.2e}"
+            );
+        }
+    }
+}
