@@ -193,14 +193,7 @@ mod tests {
             GgmlDType::Q6K,
         ] {
             let q = QuantWeight::quantize(&w, ty).unwrap();
-            let want: Vec<f32> = q
-                .qtensor()
-                .dequantize(&Device::Cpu)
-                .unwrap()
-                .flatten_all()
-                .unwrap()
-                .to_vec1()
-                .unwrap();
+            let want = crate::model::quant::candle_values(&q);
             for path in [Kernels::Avx512, Kernels::Avx2, Kernels::Portable] {
                 if !path.supported() {
                     continue;

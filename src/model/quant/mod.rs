@@ -436,16 +436,12 @@ pub fn quantize_one(name: &str, w: &Tensor, mode: QuantMode) -> Result<QuantWeig
         .map_err(|e| anyhow!("quantizing {name} to {}: {e:#}", type_name(ty)))
 }
 
-/// Tensors and bytes per ggml type, e.g. `q4_k: 24 tensors, 120.3 MB`.
-pub fn summary(q: &QuantWeights) -> String {
-    let mut by: std::collections::BTreeMap<String, (usize, usize)> = Default::default();
-    for w in q.values() {
-        let e = by.entry(type_name(w.dtype())).or_default();
-        e.0 += 1;
-        e.1 += w.storage_bytes();
-    }
-    by.iter()
-        .map(|(t, (n, b))| format!("{t}: {n} tensors, {:.1} MB", *b as f64 / 1e6))
-        .collect::<Vec<_>>()
-        .join("; ")
+/// Candle's own dequantization of `q` (the reference the tests here hold to).
+#[cfg(test)]
+pub(crate) fn candle_values(q: &QuantWeight) -> Vec<f32> {
+    q.qtensor()
+        .dequantize(&Device::Cpu)
+        .and_then(|t| t.flatten_all())
+        .and_then(|t| t.to_vec1())
+        .expect("candle dequantizes")
 }

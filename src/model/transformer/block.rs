@@ -5,11 +5,10 @@
 //! shared prompt's between them.
 use super::super::arch::ArchConfig;
 use super::super::lora::{LoraLinear, LoraRun, LORA_TARGETS};
-use super::super::ops;
+use super::super::ops::{self, BaseWeight};
 use super::super::quant::QuantWeights;
 use super::super::weights::{check_tensor, Weights};
 use super::mode::Mode;
-use crate::model::ops::BaseWeight;
 use anyhow::Result;
 use candle_core::{DType, Tensor};
 

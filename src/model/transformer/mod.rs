@@ -286,11 +286,8 @@ impl Transformer {
         }
         let hs = hidden.contiguous()?.reshape((b * t, h))?;
         let ids = targets.flatten_all()?;
-        // A quantized head is dequantized for this call (a dense one is widened inside).
-        let head = match &self.lm_head {
-            BaseWeight::Dense(t) => t.clone(),
-            q => q.dense(self.dtype)?,
-        };
+        // A narrower or quantized head is widened once per call, not once per chunk.
+        let head = self.lm_head.dense(self.dtype)?;
         let (lp, ent) = ops::chunked_token_logprobs(
             &hs,
             &head,
