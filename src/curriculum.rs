@@ -81,7 +81,11 @@ fn env_task(env: &EnvConfig) -> Result<Box<dyn Task>> {
                 .with_max_turn_tokens(env.max_turn_tokens),
         )
     } else {
-        Box::new(EnvTask::from_factory(env.factory()?).continued_by(env.continue_with))
+        Box::new(
+            EnvTask::from_factory(env.factory()?)
+                .continued_by(env.continue_with)
+                .contested(env.contest())?,
+        )
     })
 }
 
@@ -95,14 +99,17 @@ fn stage_task(cfg: &Config, s: &StageSpec, resolved: &Config) -> Result<Box<dyn 
                 .with_max_turn_tokens(env.max_turn_tokens),
         ),
         None => {
-            let who = resolved
-                .env
-                .as_ref()
-                .map(|e| e.continue_with)
-                .unwrap_or_default();
+            let env = resolved.env.as_ref();
+            let who = env.map(|e| e.continue_with).unwrap_or_default();
+            let contest = env.and_then(|e| e.contest());
+            let task = |name: &str, opts: &crate::envs::Options| -> Result<EnvTask> {
+                EnvTask::new(name, opts)?
+                    .continued_by(who)
+                    .contested(contest)
+            };
             Box::new(MixtureTask::new(
                 envs.into_iter()
-                    .map(|(name, w, opts)| Ok((EnvTask::new(&name, &opts)?.continued_by(who), w)))
+                    .map(|(name, w, opts)| Ok((task(&name, &opts)?, w)))
                     .collect::<Result<Vec<_>>>()?,
             ))
         }

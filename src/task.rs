@@ -29,6 +29,8 @@ pub struct TaskPrompt {
     pub ids: Vec<u32>,
     pub text: String,
     pub state: Box<dyn Any + Send>,
+    /// How the decision was drawn under `[env] contested` (`None` otherwise).
+    pub contest: Option<envs::Contest>,
 }
 
 impl TaskPrompt {
@@ -39,6 +41,7 @@ impl TaskPrompt {
             ids: Vec::new(),
             text: String::new(),
             state: Box::new(Undrawn { seed }),
+            contest: None,
         }
     }
 
@@ -129,6 +132,8 @@ pub struct Played {
 pub struct EnvTask {
     factory: Box<dyn EnvFactory>,
     continue_with: ContinueWith,
+    /// `[env] contested`: draw only decisions whose action matters.
+    contest: Option<envs::ContestRule>,
 }
 
 /// A prompt of an environment with no scripted policy, before the model has played
@@ -148,7 +153,18 @@ impl EnvTask {
         Self {
             factory,
             continue_with: ContinueWith::Scripted,
+            contest: None,
         }
+    }
+
+    /// Draw contested decisions only ([`envs::contest`]); an error when the
+    /// environment cannot list its seats' actions.
+    pub fn contested(mut self, rule: Option<envs::ContestRule>) -> Result<Self> {
+        if let Some(r) = rule {
+            envs::contest::check_contestable(self.factory.as_ref())?;
+            self.contest = Some(r);
+        }
+        Ok(self)
     }
 
     /// Who plays each decision's episode to its end (`[env] continue_with`).
@@ -180,6 +196,13 @@ impl Task for EnvTask {
                 let episode_seed = envs::training_seed(mix(seed, i as u64));
                 if !self.factory.scripted() {
                     return Ok(TaskPrompt::undrawn(episode_seed));
+                }
+                if let Some(rule) = self.contest {
+                    let (d, c) =
+                        envs::contest::sample_contested(self.factory.as_ref(), episode_seed, rule)?;
+                    let mut p = render_decision(d, renderer)?;
+                    p.contest = Some(c);
+                    return Ok(p);
                 }
                 let d = envs::sample_decision(self.factory.as_ref(), episode_seed);
                 render_decision(d, renderer)
@@ -230,6 +253,7 @@ fn render_decision(d: envs::Decision, renderer: &dyn Renderer) -> Result<TaskPro
         ids,
         text,
         state: Box::new(d),
+        contest: None,
     })
 }
 
@@ -297,6 +321,7 @@ impl Task for MixtureTask {
                 Ok(TaskPrompt {
                     ids: inner.ids.clone(),
                     text: inner.text.clone(),
+                    contest: inner.contest,
                     state: Box::new(Tagged { env: e, inner }),
                 })
             })

@@ -202,6 +202,7 @@ fn continue_with_is_checked() {
         ids: vec![],
         text: String::new(),
         state: Box::new(d),
+        contest: None,
     };
     assert!(stages[1].task.model_continued(&prompt).is_some());
     assert_eq!(

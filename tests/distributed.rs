@@ -384,9 +384,14 @@ fn dapo_with_dynamic_sampling_and_held_out_evaluation() {
     else {
         return;
     };
-    // Steps 2 and 3 (the last) were evaluated, and assert_same_run compared the rows.
-    let (_, rows) = csv(&runs.path().join("dapo-np2").join(EVAL_LOG));
-    assert_eq!(rows.len(), 2, "{rows:?}");
+    // Step 0 (the start), 2 and 3 (the last) were evaluated, and assert_same_run compared the rows.
+    let (header, rows) = csv(&runs.path().join("dapo-np2").join(EVAL_LOG));
+    let step = header
+        .iter()
+        .position(|h| h == "step")
+        .expect("a step column");
+    let steps: Vec<&str> = rows.iter().map(|r| r[step].as_str()).collect();
+    assert_eq!(steps, ["0", "2", "3"], "{rows:?}");
 }
 
 #[test]

@@ -245,7 +245,11 @@ fn held_out_evaluation_during_training_survives_a_resume() {
 agreement_lo,agreement_hi,best_constant_agreement,mutual_information_bits,actions"
     );
     let steps: Vec<&str> = rows[1..].iter().map(|r| r[0].as_str()).collect();
-    assert_eq!(steps, ["2", "3"], "every 2 steps and at the end");
+    assert_eq!(
+        steps,
+        ["0", "2", "3"],
+        "the start, every 2 steps and at the end"
+    );
     for r in &rows[1..] {
         assert_eq!((r[1].as_str(), r[2].as_str()), ("ticketmelt", "3"));
         let agreement: f64 = r[9].parse().unwrap();

@@ -63,6 +63,7 @@ impl Task for TokenShare {
                     text: format!("{ids:?}"),
                     ids,
                     state: Box::new(()),
+                    contest: None,
                 }
             })
             .collect())

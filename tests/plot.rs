@@ -306,3 +306,64 @@ fn an_sft_run_plots_its_loss_and_token_accuracy() {
     let e = plot_run(dir.path(), 4).unwrap_err();
     assert!(format!("{e:#}").contains("reward"), "{e:#}");
 }
+
+/// `learning_curve.png` over a hand-written `eval_log.csv`: the base model from
+/// `eval.json`, and the references played on the merge ring's held-out sessions, where
+/// always_bypass earns exactly the rules' safe reward (0.4) every session and the
+/// heuristic more; `references.json` is reused once written.
+#[test]
+fn learning_curve_with_the_references_a_skeptic_asks_for() {
+    use concord::eval::references::{learning_curve_lines, References};
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::write(
+        d.join("config.toml"),
+        "[run]\nsteps = 20\n[model]\nname = \"tiny\"\n[env]\nname = \"merge_ring\"\n\
+         [env.options]\nagents = 4\nregime = \"stationary\"\nprompt = \"compact\"\n",
+    )
+    .unwrap();
+    let mut log = concord::run::log::EVAL_LOG_HEADER.to_string();
+    for (s, r) in [(0, -0.13), (10, 0.2), (20, 0.45)] {
+        log.push_str(&format!(
+            "\n{s},merge_ring,20,0.3,0.1,0.5,{r},{},{},,,,,,,1.0",
+            r - 0.1,
+            r + 0.1
+        ));
+    }
+    std::fs::write(d.join("eval_log.csv"), log + "\n").unwrap();
+    let mut report = eval_report(true);
+    let base = report.models.get_mut("base").unwrap();
+    base.envs.clear();
+    base.envs
+        .insert("merge_ring".into(), env_eval(-0.197, 0.07, &[]));
+    std::fs::write(d.join("eval.json"), serde_json::to_string(&report).unwrap()).unwrap();
+
+    let lines = learning_curve_lines(d, 30).unwrap();
+    let find = |l: &str| {
+        lines
+            .iter()
+            .find(|x| x.label == l)
+            .unwrap_or_else(|| panic!("{l}: {lines:?}"))
+    };
+    assert_eq!(find("base model").reward, -0.197);
+    let constant = find("best constant (always_bypass)");
+    assert!((constant.reward - 0.4).abs() < 1e-12, "{constant:?}");
+    assert!(find("heuristic").reward > 0.45, "{lines:?}");
+    let refs = References::read(d).unwrap().unwrap();
+    assert_eq!(refs.episodes, 30);
+    // Written once: the config is no longer needed to draw the lines again.
+    std::fs::remove_file(d.join("config.toml")).unwrap();
+    assert_eq!(learning_curve_lines(d, 30).unwrap(), lines);
+
+    let png = concord::plot::plot_learning_curve(d, &lines)
+        .unwrap()
+        .unwrap();
+    assert_eq!(png_size(&png), (PLOT_WIDTH, 2 * PLOT_HEIGHT - 200));
+    // The trained policy's curve is drawn, in the first palette colour.
+    assert!(pixels_of(&png, [31, 119, 180]) > 200);
+    // No held-out rows: no curve.
+    let empty = tempfile::tempdir().unwrap();
+    assert!(concord::plot::plot_learning_curve(empty.path(), &lines)
+        .unwrap()
+        .is_none());
+}

@@ -415,7 +415,7 @@ fn sft_cli_refuses_bad_data_and_trains_an_adapter_grpo_starts_from() {
 }
 
 /// `demos.jsonl` in `dir`: four one-line demonstrations.
-fn four_demonstrations(dir: &Path) -> std::path::PathBuf {
+pub(crate) fn four_demonstrations(dir: &Path) -> std::path::PathBuf {
     let data = dir.join("demos.jsonl");
     let lines: Vec<String> = (0..4)
         .map(|i| {

@@ -9,7 +9,9 @@ pub struct EvalArgs {
     /// Override a config key (repeatable), as for `train`.
     #[arg(long = "set", value_name = "SECTION.KEY=VALUE")]
     pub sets: Vec<String>,
-    /// PEFT adapter directory (default: the config's run directory).
+    /// PEFT adapter directory (default: the config's run directory, or its `adapter/`
+    /// folder as a published page keeps it; its warm start only when that is the run's
+    /// one trained adapter).
     #[arg(long, conflicts_with = "base")]
     pub adapter: Option<PathBuf>,
     /// Evaluate the base model without any adapter.

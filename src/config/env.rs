@@ -53,9 +53,38 @@ pub struct EnvConfig {
     /// each decision ([`crate::envs::sample_decisions_with`]).
     #[serde(default, skip_serializing_if = "ContinueWith::is_scripted")]
     pub continue_with: ContinueWith,
+    /// Decision mode: draw only decisions at which the seat's legal actions, each
+    /// finished by the continuation policy, differ in reward by more than
+    /// `contested_margin`; a tied decision is replaced by another drawn from a derived
+    /// seed, at most `contested_draws` draws in all (see [`crate::envs::contest`]).
+    /// Built-in `merge_ring` and `ticketmelt`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub contested: bool,
+    #[serde(default, skip_serializing_if = "is_zero_f64")]
+    pub contested_margin: f64,
+    #[serde(
+        default = "default_contested_draws",
+        skip_serializing_if = "is_default_draws"
+    )]
+    pub contested_draws: usize,
     /// Free table, validated by the environment.
     #[serde(default)]
     pub options: toml::Table,
+}
+
+fn is_zero_f64(x: &f64) -> bool {
+    *x == 0.0
+}
+
+/// Decisions drawn at most per prompt under `contested`.
+pub const DEFAULT_CONTESTED_DRAWS: usize = 8;
+
+fn default_contested_draws() -> usize {
+    DEFAULT_CONTESTED_DRAWS
+}
+
+fn is_default_draws(n: &usize) -> bool {
+    *n == DEFAULT_CONTESTED_DRAWS
 }
 
 /// Who finishes a decision's episode (`[env] continue_with`).
@@ -106,11 +135,22 @@ impl EnvConfig {
             shaped_rewards: false,
             max_turn_tokens: 0,
             continue_with: ContinueWith::Scripted,
+            contested: false,
+            contested_margin: 0.0,
+            contested_draws: DEFAULT_CONTESTED_DRAWS,
             options,
         }
     }
     pub fn is_episode(&self) -> bool {
         self.mode == EnvMode::Episode
+    }
+
+    /// The `contested` rule, when it is on.
+    pub fn contest(&self) -> Option<crate::envs::ContestRule> {
+        self.contested.then_some(crate::envs::ContestRule {
+            margin: self.contested_margin,
+            draws: self.contested_draws,
+        })
     }
 
     /// The OpenEnv server of `url`, if one is configured.
@@ -156,6 +196,7 @@ impl EnvConfig {
     /// config checks on its own.
     pub(super) fn check(&self, staged: bool) -> std::result::Result<(), ValidationError> {
         self.check_remote(staged)?;
+        self.check_contest()?;
         if self.name.trim().is_empty() && self.url.is_none() {
             return Err(err(
                 "name",
@@ -200,6 +241,37 @@ impl EnvConfig {
         }
         if spec.action_key.trim().is_empty() {
             return Err(err("action_key", "must name the action's text field"));
+        }
+        Ok(())
+    }
+
+    /// `contested` and its knobs: decision mode on a built-in environment.
+    fn check_contest(&self) -> std::result::Result<(), ValidationError> {
+        if !(self.contested_margin.is_finite() && self.contested_margin >= 0.0) {
+            return Err(err(
+                "contested_margin",
+                format!("{} is not a reward margin >= 0", self.contested_margin),
+            ));
+        }
+        if self.contested_draws == 0 {
+            return Err(err("contested_draws", "must be at least 1"));
+        }
+        if !self.contested {
+            return Ok(());
+        }
+        if self.url.is_some() {
+            return Err(err(
+                "contested",
+                "needs the environment's scripted continuation: a built-in environment, \
+                 not an OpenEnv server",
+            ));
+        }
+        if self.is_episode() {
+            return Err(err(
+                "contested",
+                "applies in decision mode: an episode starts at the reset, with no \
+                 decision to draw",
+            ));
         }
         Ok(())
     }

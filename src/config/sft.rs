@@ -77,6 +77,24 @@ pub struct SftConfig {
     /// `concord train` runs this SFT first (into `RUN_DIR/sft/`) and starts GRPO from
     /// its adapter.
     pub warm_start: bool,
+    /// Stop once the mean loss of the last `stop_window` steps is at most this: a
+    /// warm start that has learnt the format but not yet collapsed onto its teacher
+    /// leaves GRPO groups whose completions differ.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stop_at_loss: Option<f64>,
+    /// Stop once the mean token accuracy of the last `stop_window` steps reaches this.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stop_at_token_accuracy: Option<f64>,
+    /// Steps the stop rules average over.
+    #[serde(skip_serializing_if = "is_default_window")]
+    pub stop_window: usize,
+}
+
+/// Steps `stop_at_loss` and `stop_at_token_accuracy` average over by default.
+pub const DEFAULT_STOP_WINDOW: usize = 8;
+
+fn is_default_window(n: &usize) -> bool {
+    *n == DEFAULT_STOP_WINDOW
 }
 
 impl Default for SftConfig {
@@ -96,6 +114,9 @@ impl Default for SftConfig {
             batch_size: 8,
             learning_rate: 2e-5,
             warm_start: false,
+            stop_at_loss: None,
+            stop_at_token_accuracy: None,
+            stop_window: DEFAULT_STOP_WINDOW,
         }
     }
 }
@@ -155,7 +176,38 @@ impl SftConfig {
                 "must be in (0, 1] (AdamW moves a weight by about it a step)".into(),
             ));
         }
+        self.check_stop()
+    }
+
+    fn check_stop(&self) -> Result<(), (&'static str, String)> {
+        if let Some(l) = self.stop_at_loss {
+            if !(l.is_finite() && l > 0.0) {
+                return Err(("stop_at_loss", format!("{l} is not a loss > 0")));
+            }
+        }
+        if let Some(a) = self.stop_at_token_accuracy {
+            if !(a > 0.0 && a <= 1.0) {
+                return Err(("stop_at_token_accuracy", format!("{a} is not in (0, 1]")));
+            }
+        }
+        if self.stop_window == 0 || self.stop_window > super::limits::MAX_STEPS {
+            return Err((
+                "stop_window",
+                format!("must be in 1..={}", super::limits::MAX_STEPS),
+            ));
+        }
         Ok(())
+    }
+
+    /// The early-stop rule, when one of its targets is set.
+    pub fn stop_rule(&self) -> Option<crate::sft::stop::StopRule> {
+        (self.stop_at_loss.is_some() || self.stop_at_token_accuracy.is_some()).then_some(
+            crate::sft::stop::StopRule {
+                loss: self.stop_at_loss,
+                token_accuracy: self.stop_at_token_accuracy,
+                window: self.stop_window,
+            },
+        )
     }
 
     /// Optimizer steps for `n` demonstrations: `steps`, or enough batches of

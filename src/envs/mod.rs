@@ -84,6 +84,7 @@
 //! [`create`], [`names`] and `concord envs list` all read it.
 
 pub mod behaviour;
+pub mod contest;
 pub mod merge_ring;
 pub mod postmortem;
 pub mod remote;
@@ -93,6 +94,7 @@ pub mod tools;
 pub mod whispers;
 
 pub use behaviour::{Behaviour, BehaviourSummary, DecisionRecord, DecisionView, Recorder};
+pub use contest::{Contest, ContestRule};
 pub use rollout::{
     eval_seed, play_episode, replay, sample_decision, sample_decisions_with, score_decision,
     score_decisions_with, score_joint, training_seed, Decision, HELD_OUT_BIT,
@@ -209,6 +211,13 @@ pub trait Scripted: Environment {
     fn seat_active(&self, seat: usize) -> bool {
         let _ = seat;
         true
+    }
+    /// The text of every legal action `seat` can take now, written as the scripted
+    /// policies write it; what `[env] contested` plays to judge whether a decision's
+    /// action matters. Default: empty (the environment cannot list its actions).
+    fn answer_texts(&self, seat: usize) -> Vec<String> {
+        let _ = seat;
+        Vec::new()
     }
     /// Play to the end with the continuation policy in every acting seat.
     fn rollout(&mut self) {

@@ -26,6 +26,7 @@ pub use tables::{behaviour_table, decisions_path, table};
 use tables::{sibling_path, write_decisions};
 
 mod outcomes;
+pub mod references;
 mod tables;
 
 /// What `concord eval` evaluates, and how.
@@ -35,7 +36,8 @@ pub struct EvalOptions {
     pub config: PathBuf,
     /// `section.key=value` overrides, as for `train`.
     pub sets: Vec<String>,
-    /// PEFT adapter directory (default: the config's run directory).
+    /// PEFT adapter directory (default: [`default_adapter`], in the config's run
+    /// directory).
     pub adapter: Option<PathBuf>,
     /// Evaluate the base model without any adapter.
     pub base: bool,
@@ -378,16 +380,122 @@ pub fn sampling(cfg: &Config, greedy: bool, stop_ids: Vec<u32>) -> Result<Sampli
     Ok(p)
 }
 
-fn default_adapter(cfg: &Config) -> Result<PathBuf> {
+/// Where a published page keeps its run's adapter, inside the run directory.
+pub const PUBLISHED_ADAPTER_DIR: &str = "adapter";
+
+/// Where a run's supervised warm start is, inside its run directory: `sft/` as the run
+/// wrote it ([`crate::config::WARM_START_DIR`]), `sft_adapter/` as a page publishes it.
+const WARM_START_DIRS: [&str; 2] = [crate::config::WARM_START_DIR, "sft_adapter"];
+
+/// Files of a run directory that show GRPO training beside a warm start (a page
+/// publishes the log as `grpo_training_log.csv`).
+const GRPO_TRACES: [&str; 3] = ["training_log.csv", "grpo_training_log.csv", "samples.jsonl"];
+
+/// The adapter `concord eval` evaluates without `--adapter` (or `--base`), in the
+/// config's run directory (`output_dir/name`; a published config.toml names its own
+/// directory): the directory itself when it holds adapter_model.safetensors, else its
+/// `adapter/` folder (where a published page keeps it). A run directory with neither,
+/// whose one trained adapter is its supervised warm start (`sft/`, or `sft_adapter/` on
+/// a page) and which shows no GRPO training (no training log, samples or checkpoint),
+/// gives that warm start, with a note; anything else is an error naming the paths
+/// looked at.
+pub fn default_adapter(cfg: &Config) -> Result<PathBuf> {
+    use crate::model::lora::ADAPTER_WEIGHTS;
     let dir = cfg.run_dir();
-    if dir.join(crate::model::lora::ADAPTER_WEIGHTS).exists() {
-        Ok(dir)
-    } else {
-        bail!(
-            "no adapter in {} (the config's run directory): give --adapter DIR, or --base",
-            dir.display()
-        )
+    let has_adapter = |d: &Path| d.join(ADAPTER_WEIGHTS).is_file();
+    let published = dir.join(PUBLISHED_ADAPTER_DIR);
+    for d in [&dir, &published] {
+        if has_adapter(d) {
+            return Ok(d.clone());
+        }
     }
+    let warm: Vec<PathBuf> = WARM_START_DIRS
+        .iter()
+        .map(|n| dir.join(n))
+        .filter(|d| has_adapter(d))
+        .collect();
+    let mut trained: Vec<String> = GRPO_TRACES
+        .iter()
+        .filter(|n| dir.join(n).exists())
+        .map(|n| n.to_string())
+        .collect();
+    let mut checkpoints = crate::run::checkpoint::list(&dir)?;
+    checkpoints.sort();
+    trained.extend(checkpoints.iter().map(|(n, _)| format!("checkpoint-{n}")));
+    if let ([only], true) = (warm.as_slice(), trained.is_empty()) {
+        crate::note!(
+            "no adapter in {} (the config's run directory) and no GRPO training there: \
+             evaluating its supervised warm start {}",
+            dir.display(),
+            only.display()
+        );
+        return Ok(only.clone());
+    }
+    let why = match warm.as_slice() {
+        [] => String::new(),
+        [w] => format!(
+            "; its warm start {} is not the run's adapter (the run went on to GRPO: {})",
+            w.display(),
+            trained.join(", ")
+        ),
+        _ => format!(
+            "; it holds more than one warm start ({})",
+            warm.iter()
+                .map(|w| w.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    };
+    bail!(
+        "no adapter to evaluate in {} (the config's run directory): looked for {} and \
+         {}{why}; give --adapter DIR, or --base",
+        dir.display(),
+        dir.join(ADAPTER_WEIGHTS).display(),
+        published.join(ADAPTER_WEIGHTS).display()
+    )
+}
+
+/// `p` as the file system resolves it, or as it is where it does not exist.
+fn canonical(p: &Path) -> PathBuf {
+    std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf())
+}
+
+/// What `--compare` measures `adapter` against (None: the base model). The run's start
+/// ([`Config::start_adapter`]: its warm start `RUN_DIR/sft`, else `model.adapter`), or,
+/// when that holds no adapter, `model.adapter` (where a published config names the
+/// published copy of its warm start). The base model, with a note saying why, when
+/// neither holds an adapter, or when the start found is the evaluated adapter itself.
+pub fn compare_start(cfg: &Config, adapter: Option<&Path>) -> Option<PathBuf> {
+    use crate::model::lora::ADAPTER_WEIGHTS;
+    let named = cfg.start_adapter()?;
+    let found = std::iter::once(named.clone())
+        .chain(cfg.model.adapter.clone())
+        .find(|d| d.join(ADAPTER_WEIGHTS).is_file());
+    let Some(start) = found else {
+        // Evaluating a published adapter without its run: the start it was trained from
+        // is not here, so the comparison is with the base model, and says so.
+        crate::note!(
+            "--compare: the run's start adapter {} is not here; comparing with the base model",
+            named.display()
+        );
+        return None;
+    };
+    if adapter.is_some_and(|a| canonical(a) == canonical(&start)) {
+        crate::note!(
+            "--compare: the run's start adapter {} is the adapter evaluated; comparing with \
+             the base model",
+            start.display()
+        );
+        return None;
+    }
+    if start != named {
+        crate::note!(
+            "--compare: the run's warm start {} is not here; comparing with model.adapter {}",
+            named.display(),
+            start.display()
+        );
+    }
+    Some(start)
 }
 
 pub fn run_eval(args: EvalOptions) -> Result<()> {
@@ -407,21 +515,20 @@ pub fn run_eval(args: EvalOptions) -> Result<()> {
         bail!("--transcripts are written beside the report: give --out FILE with --base");
     }
     let envs = eval_targets(&cfg)?;
-    let (mut model, renderer) = crate::model::load::load_with_renderer(&cfg.model_spec()?)?;
+    // Each model evaluated is loaded in turn below: the run's start (`model.adapter`)
+    // is not loaded first, so evaluating an adapter never needs the start it was
+    // trained from (a published page keeps its adapter, not always its start).
+    let mut spec = cfg.model_spec()?;
+    spec.adapter = None;
+    let (mut model, renderer) = crate::model::load::load_with_renderer(&spec)?;
     let params = sampling(&cfg, args.greedy, renderer.stop_ids())?;
     // A run that started from an adapter (`model.adapter`, or an `[sft] warm_start`)
     // is compared with that start: the `base` entry is then the start adapter, so the
     // delta is what the run itself added.
-    let mut start = cfg.start_adapter();
-    if let Some(s) = start.as_deref().filter(|s| args.compare && !s.exists()) {
-        // Evaluating a published adapter without its run: the start it was trained
-        // from is not here, so the comparison is with the base model, and says so.
-        crate::note!(
-            "--compare: the run's start adapter {} is not here; comparing with the base model",
-            s.display()
-        );
-        start = None;
-    }
+    let start = match args.compare {
+        true => compare_start(&cfg, adapter.as_deref()),
+        false => None,
+    };
     let mut labels: Vec<(&str, Option<&Path>)> = Vec::new();
     if args.base {
         labels.push(("base", None));
@@ -454,10 +561,7 @@ pub fn run_eval(args: EvalOptions) -> Result<()> {
         // played, and the earlier one is kept beside it as `adapter (ITS DIR)`.
         let same_dir = |a: Option<&str>, b: Option<&Path>| match (a, b) {
             (None, None) => true,
-            (Some(a), Some(b)) => {
-                let canon = |p: &Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
-                canon(Path::new(a)) == canon(b)
-            }
+            (Some(a), Some(b)) => canonical(Path::new(a)) == canonical(b),
             _ => false,
         };
         labels.retain(|(label, dir)| {

@@ -1,7 +1,9 @@
 //! Held-out evaluation during training (`[run] eval_every`, `eval_episodes`): the
 //! current adapter plays the first held-out episodes of `concord eval`'s set through
 //! the same driver and sampling, and each evaluation appends a row per environment to
-//! `eval_log.csv`. Rank 0 plays; the other processes of a data-parallel run wait.
+//! `eval_log.csv`, starting with a row at step 0 for the adapter GRPO starts from
+//! (the warm start, or the base model). Rank 0 plays; the other processes of a
+//! data-parallel run wait.
 
 use super::trainer::Trainer;
 use crate::run::log;
@@ -24,6 +26,20 @@ impl Trainer {
             self.evaluate(step)?;
         }
         self.dist.barrier("held-out evaluation")
+    }
+
+    /// Evaluate the starting adapter (the warm start, or the bare base model) before
+    /// the first step, so a run's held-out curve starts from where GRPO started. A
+    /// resumed run keeps the step-0 row it already has.
+    pub(super) fn evaluate_start(&mut self) -> Result<()> {
+        let every = self.cfg.run.eval_every;
+        if every == 0 || self.session.state.step != 0 {
+            return Ok(());
+        }
+        if self.dist.is_root() && !log::has_eval_row(&self.session.run_dir, 0)? {
+            self.evaluate(0)?;
+        }
+        self.dist.barrier("held-out evaluation at step 0")
     }
 
     fn evaluate(&self, step: usize) -> Result<()> {

@@ -62,7 +62,22 @@ pub fn row(batch: &Batch, upd: &UpdateStats) -> StepRow {
         skipped: if upd.skipped { 1.0 } else { 0.0 },
         gen_tokens_per_s: batch.sampled_tokens() as f64 / batch.gen_secs.max(1e-9),
         train_tokens_per_s: upd.trained_tokens as f64 / upd.secs.max(1e-9),
-        ..episode_columns(batch)
+        ..contest_columns(batch, episode_columns(batch))
+    }
+}
+
+/// The `decisions/*` columns over the step's prompts (zero without `contested`).
+fn contest_columns(batch: &Batch, rest: StepRow) -> StepRow {
+    let c: Vec<_> = batch.prompts.iter().filter_map(|p| p.contest).collect();
+    if c.is_empty() {
+        return rest;
+    }
+    let n = c.len() as f64;
+    StepRow {
+        decision_draws: c.iter().map(|c| c.draws as f64).sum::<f64>() / n,
+        contested_frac: c.iter().filter(|c| c.contested).count() as f64 / n,
+        action_spread: c.iter().map(|c| c.spread).sum::<f64>() / n,
+        ..rest
     }
 }
 

@@ -202,6 +202,7 @@ impl Trainer {
         pb.set_position(self.session.state.step as u64);
         let mut lines = (!self.quiet && !std::io::stderr().is_terminal())
             .then(|| ProgressLines::new(self.session.state.step, total));
+        self.evaluate_start()?;
         let mut done_here = 0;
         while self.session.state.step < total && self.session.state.stage < self.stages.len() {
             if limit == Some(done_here) {
@@ -444,6 +445,9 @@ fn optional_columns(stages: &[Stage]) -> log::OptionalColumns {
         episode: stages
             .iter()
             .any(|s| s.cfg.env.as_ref().is_some_and(|e| e.is_episode())),
+        contested: stages
+            .iter()
+            .any(|s| s.cfg.env.as_ref().is_some_and(|e| e.contested)),
     }
 }
 

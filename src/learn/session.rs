@@ -47,6 +47,10 @@ impl Session {
             true => checkpoint::latest(&o.run_dir)?,
             false => None,
         };
+        if o.resume && latest.is_none() {
+            // Nothing to continue: never start a finished run over in place.
+            crate::run::dir::check_resumable(&o.run_dir)?;
+        }
         if o.resume && latest.is_none() && o.writes {
             crate::note!(
                 "no checkpoint in {}: starting from step 0",

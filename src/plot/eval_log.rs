@@ -10,6 +10,7 @@ pub struct HeldOut {
     pub reward: f64,
     pub reward_ci: [f64; 2],
     pub win: f64,
+    pub win_ci: [f64; 2],
 }
 
 /// The rows of `eval_log.csv`; none when the file does not exist.
@@ -38,6 +39,7 @@ pub fn read_eval_log(path: &Path) -> Result<Vec<HeldOut>> {
             step: num(0)?,
             env: f.get(1).copied().unwrap_or("").to_string(),
             win: num(3)?,
+            win_ci: [num(4)?, num(5)?],
             reward: num(6)?,
             reward_ci: [num(7)?, num(8)?],
         });

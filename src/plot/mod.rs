@@ -10,6 +10,9 @@
 //!   step, with their rolling means.
 //! * `before_after.png`: base model vs adapter from `eval.json` (written by
 //!   `concord eval --compare`), grouped bars with 95% confidence whiskers.
+//! * `learning_curve.png` (with `eval_log.csv`, through [`plot_learning_curve`]): the
+//!   held-out reward and win rate against the step, 95% whiskers, and horizontal lines
+//!   for the base model, the best constant policy and the heuristic.
 //! * `behaviour.png`: from the same `eval.json`, each model's action shares per
 //!   situation (stacked bars side by side, one panel per environment), with its
 //!   agreement with the reference policy and I(situation; action).
@@ -22,6 +25,7 @@ mod behaviour;
 mod canvas;
 mod components;
 mod eval_log;
+mod learning_curve;
 mod reward_curve;
 mod series;
 mod sft_curve;
@@ -30,6 +34,7 @@ mod step_chart;
 pub use before_after::before_after_height;
 pub use canvas::{PLOT_HEIGHT, PLOT_WIDTH};
 pub use eval_log::{read_eval_log, HeldOut};
+pub use learning_curve::RefLine;
 pub use series::{padded_range, rolling_mean, stage_boundaries};
 
 use crate::run::eval_report::{EvalReport, EVAL_JSON};
@@ -79,6 +84,20 @@ pub fn plot_run(run_dir: &Path, window: usize) -> Result<Vec<PathBuf>> {
     written.push(p);
     written.extend(plot_eval(run_dir, &name)?);
     Ok(written)
+}
+
+/// `learning_curve.png` from the run's `eval_log.csv`, with the reference lines `refs`;
+/// nothing without held-out evaluations.
+pub fn plot_learning_curve(run_dir: &Path, refs: &[RefLine]) -> Result<Option<PathBuf>> {
+    let held = read_eval_log(&run_dir.join(crate::run::log::EVAL_LOG))?;
+    if held.is_empty() {
+        return Ok(None);
+    }
+    let p = run_dir.join("learning_curve.png");
+    write_png(&p, PLOT_WIDTH, 2 * PLOT_HEIGHT - 200, |root| {
+        learning_curve::draw_learning_curve(root, &held, refs, &run_name(run_dir))
+    })?;
+    Ok(Some(p))
 }
 
 /// `before_after.png` and `behaviour.png` from the run's `eval.json`, when it has them.

@@ -130,6 +130,9 @@ pub fn load_run_config(
     if overwrite && resume.is_some() {
         bail!("--overwrite and --resume exclude each other");
     }
+    if let Some(dir) = resume {
+        check_resumable(dir)?;
+    }
     let cfg_path = match (config, resume) {
         (Some(c), _) => c.to_path_buf(),
         (None, Some(dir)) => dir.join("config.toml"),
@@ -160,6 +163,59 @@ pub fn load_run_config(
     Ok((cfg_path, cfg))
 }
 
+/// Refuse to resume `run_dir` when it holds a finished adapter ([`finished_adapters`])
+/// but no `checkpoint-N/` to continue from: a published page, or a run copied without
+/// its checkpoints. Resuming it would start over from step 0 in place, removing its logs
+/// and writing over its adapter and config.toml.
+pub fn check_resumable(run_dir: &Path) -> Result<()> {
+    if !super::checkpoint::list(run_dir)?.is_empty() {
+        return Ok(());
+    }
+    let Some(found) = finished_adapters(run_dir)?.into_iter().next() else {
+        return Ok(());
+    };
+    bail!(
+        "cannot resume {}: it holds a finished adapter ({}) but no checkpoint-N/ to continue \
+         from (a published run, or one copied without its checkpoints), and resuming would \
+         start it over in place, replacing its logs. Evaluate it with `concord eval --config \
+         {}`, or train from it in a new run (`[model] adapter = \"{}\"`, another run.name)",
+        run_dir.display(),
+        found.join(crate::model::lora::ADAPTER_WEIGHTS).display(),
+        run_dir.join("config.toml").display(),
+        found.display()
+    )
+}
+
+/// The trained adapters `run_dir` holds outside Concord's own folders: its
+/// adapter_model.safetensors (the end of a run), and those in any folder of it but
+/// `checkpoint-N/`, the warm start's `sft/` (it has checkpoints of its own) and hidden
+/// ones (an `--overwrite` stash): `adapter/`, `sft_adapter/`, `adapter_step2/`, as
+/// published pages keep them. Sorted, the run directory's own first.
+pub fn finished_adapters(run_dir: &Path) -> Result<Vec<PathBuf>> {
+    let weights = crate::model::lora::ADAPTER_WEIGHTS;
+    let mut found = Vec::new();
+    if run_dir.join(weights).is_file() {
+        found.push(run_dir.to_path_buf());
+    }
+    let Ok(entries) = std::fs::read_dir(run_dir) else {
+        return Ok(found);
+    };
+    let mut inside = Vec::new();
+    for e in entries {
+        let e = e.with_context(|| format!("reading {}", run_dir.display()))?;
+        let name = e.file_name().to_string_lossy().to_string();
+        let concords = name.starts_with('.')
+            || is_checkpoint_name(&name)
+            || name == crate::config::WARM_START_DIR;
+        if !concords && e.path().join(weights).is_file() {
+            inside.push(e.path());
+        }
+    }
+    inside.sort();
+    found.extend(inside);
+    Ok(found)
+}
+
 /// Lock `run_dir` for `command` (`train`, `sft`) and make sure it is free. First what
 /// killed writers left is cleaned up: an unsettled `--overwrite`, atomic-write
 /// temporaries. Files of an earlier start that failed before its first step are removed;
@@ -173,7 +229,9 @@ pub fn claim(run_dir: &Path, resume: bool, overwrite: bool, command: &str) -> Re
     if resume || previous.is_empty() {
         return Ok(lock);
     }
-    if !made_progress(run_dir)? {
+    // A published page keeps its adapters in folders of its own (`adapter/`,
+    // `sft_adapter/`) and may have no log under Concord's names: it is a run all the same.
+    if !made_progress(run_dir)? && finished_adapters(run_dir)?.is_empty() {
         crate::note!(
             "removing the files of an earlier start in {} that failed before its first step \
              ({})",

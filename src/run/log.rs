@@ -75,6 +75,11 @@ pub struct StepRow {
     pub episode_env_tokens: f64,
     /// Episode mode: share of trajectories cut by `max_completion_length`.
     pub episode_truncated_frac: f64,
+    /// `[env] contested`: decisions drawn per prompt, the share of prompts whose
+    /// decision is contested, and the mean spread of their legal actions' rewards.
+    pub decision_draws: f64,
+    pub contested_frac: f64,
+    pub action_spread: f64,
 }
 
 type Column = (&'static str, fn(&StepRow) -> f64);
@@ -155,6 +160,14 @@ pub const EPISODE_COLUMNS: &[Column] = &[
     ("episode/truncated_frac", |r| r.episode_truncated_frac),
 ];
 
+/// Written after [`HEAD_COLUMNS`] by runs with `[env] contested`, over the step's
+/// prompts.
+pub const CONTEST_COLUMNS: &[Column] = &[
+    ("decisions/draws", |r| r.decision_draws),
+    ("decisions/contested_frac", |r| r.contested_frac),
+    ("decisions/action_spread", |r| r.action_spread),
+];
+
 /// The column groups only some runs write.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct OptionalColumns {
@@ -166,6 +179,8 @@ pub struct OptionalColumns {
     pub vespo: bool,
     /// [`EPISODE_COLUMNS`].
     pub episode: bool,
+    /// [`CONTEST_COLUMNS`].
+    pub contested: bool,
 }
 
 /// Columns whose values depend on wall time (excluded when comparing runs).
@@ -183,6 +198,9 @@ pub fn csv_header(components: &[String], optional: OptionalColumns) -> Vec<Strin
     h.extend(HEAD_COLUMNS.iter().map(|(n, _)| n.to_string()));
     if optional.dynamic_sampling {
         h.extend(DYNAMIC_SAMPLING_COLUMNS.iter().map(|(n, _)| n.to_string()));
+    }
+    if optional.contested {
+        h.extend(CONTEST_COLUMNS.iter().map(|(n, _)| n.to_string()));
     }
     for c in components {
         h.push(format!("rewards/{c}/mean"));
@@ -233,6 +251,7 @@ pub fn csv_line(header: &[String], row: &StepRow) -> String {
         HEAD_COLUMNS
             .iter()
             .chain(DYNAMIC_SAMPLING_COLUMNS)
+            .chain(CONTEST_COLUMNS)
             .chain(TAIL_COLUMNS)
             .chain(CISPO_COLUMNS)
             .chain(VESPO_COLUMNS)
@@ -386,6 +405,19 @@ pub fn truncate_logs(run_dir: &Path, step: usize) -> Result<()> {
 pub const EVAL_LOG_HEADER: &str = "step,env,episodes,win_rate,win_lo,win_hi,reward,reward_lo,\
 reward_hi,agreement,agreement_lo,agreement_hi,best_constant_agreement,\
 mutual_information_bits,actions,eval_seconds";
+
+/// Whether `eval_log.csv` already holds a row for `step`.
+pub fn has_eval_row(run_dir: &Path, step: usize) -> Result<bool> {
+    let path = run_dir.join(EVAL_LOG);
+    if !path.exists() {
+        return Ok(false);
+    }
+    let text = std::fs::read_to_string(&path)?;
+    let found = complete_lines(&text)
+        .skip(1)
+        .any(|l| l.split(',').next().and_then(|s| s.parse::<usize>().ok()) == Some(step));
+    Ok(found)
+}
 
 /// Append one held-out evaluation of `env` at `step` to `eval_log.csv` (writing the
 /// header first when the file is new), and to the TensorBoard events as

@@ -19,6 +19,7 @@
 //!    `grad_norm`, `learning_rate`, `num_tokens`, `mean_token_accuracy`).
 pub mod data;
 pub mod loss;
+pub mod stop;
 pub mod trainer;
 
 use crate::config::Config;

@@ -11,6 +11,7 @@
 //! run writes the same later rows as an uninterrupted one.
 use super::data::Example;
 use super::loss::{sft_loss, token_hits};
+use super::stop::EarlyStop;
 use crate::config::{Config, OptimConfig};
 use crate::learn::optim::{AdamWParams, LrSchedule};
 use crate::learn::plan::{check_row, plan};
@@ -51,6 +52,8 @@ pub struct SftTrainer<'m> {
     /// the memory available at the first step (read once, so the split, and with it the
     /// log, does not depend on what else runs later).
     budget: Option<MemoryBudget>,
+    /// `stop_at_loss` / `stop_at_token_accuracy`: the window the stop rule reads.
+    stop: Option<EarlyStop>,
 }
 
 impl<'m> SftTrainer<'m> {
@@ -93,6 +96,15 @@ impl<'m> SftTrainer<'m> {
         let model: &'m Transformer = model;
         let n = examples.len();
         let total_steps = sft.total_steps(n);
+        let stop = match sft.stop_rule() {
+            Some(rule) if resume => Some(EarlyStop::resumed(
+                rule,
+                &session.run_dir,
+                session.state.step,
+            )?),
+            Some(rule) => Some(EarlyStop::new(rule)),
+            None => None,
+        };
         Ok(Self {
             model,
             examples,
@@ -108,6 +120,7 @@ impl<'m> SftTrainer<'m> {
             pad_id,
             order: None,
             budget: None,
+            stop,
         })
     }
 
@@ -117,7 +130,16 @@ impl<'m> SftTrainer<'m> {
         crate::run::signal::install();
         let every = (self.total_steps / 10).max(1);
         while self.session.state.step < self.total_steps {
+            if let Some(why) = self.stop_reason() {
+                // A resumed run that had stopped: its checkpoint is this step's.
+                crate::note!("sft stopped after step {}: {why}", self.session.state.step);
+                break;
+            }
             let row = self.step()?;
+            if let Some(stop) = self.stop.as_mut() {
+                stop.push(row.loss, row.mean_token_accuracy);
+            }
+            let stopping = self.stop_reason();
             let s = self.session.state.step;
             if s == self.total_steps || s.is_multiple_of(every) {
                 crate::note!(
@@ -129,8 +151,9 @@ impl<'m> SftTrainer<'m> {
                 );
             }
             let interrupted = crate::run::signal::interrupted();
-            let due =
-                s == self.total_steps || (self.save_every > 0 && s.is_multiple_of(self.save_every));
+            let due = s == self.total_steps
+                || stopping.is_some()
+                || (self.save_every > 0 && s.is_multiple_of(self.save_every));
             if due || interrupted {
                 let checkpoint = self.save_checkpoint()?;
                 if interrupted {
@@ -142,8 +165,17 @@ impl<'m> SftTrainer<'m> {
                     return Err(stop.into());
                 }
             }
+            if let Some(why) = stopping {
+                crate::note!("sft stopped after step {s}: {why}");
+                break;
+            }
         }
         self.session.save_adapter(self.model)
+    }
+
+    /// Why the early-stop rule ends the warm start now, if it does.
+    fn stop_reason(&self) -> Option<String> {
+        self.stop.as_ref().and_then(|s| s.reached())
     }
 
     /// Indices (into the demonstrations) of step `step`'s batch: positions

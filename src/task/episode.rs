@@ -110,6 +110,7 @@ impl EpisodeTask {
                     ids,
                     text,
                     state: Box::new(EpisodeStart { seed, seat }),
+                    contest: None,
                 })
             })
             .collect()

@@ -363,6 +363,14 @@ impl Scripted for MergeRing {
         }
         Ok(answer_text(self.strategy_action(strategy, seat)))
     }
+    /// Early, late and bypass, in either phase (a signal and a commitment are written
+    /// alike).
+    fn answer_texts(&self, seat: usize) -> Vec<String> {
+        if self.phase == Phase::Done || seat >= self.cfg.agents {
+            return Vec::new();
+        }
+        Action::ALL.iter().map(|&a| answer_text(a)).collect()
+    }
 }
 
 impl Inspect for MergeRing {

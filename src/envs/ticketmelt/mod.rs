@@ -587,6 +587,17 @@ impl Scripted for Ticketmelt {
         let a = self.scripted(p, seat);
         Ok(self.answer_text(seat, a))
     }
+    /// The three commitments, each with the message the scripted policies send with it
+    /// in this prompt style.
+    fn answer_texts(&self, seat: usize) -> Vec<String> {
+        if seat >= SEATS || self.done() {
+            return Vec::new();
+        }
+        [Action::DeployA, Action::DeployB, Action::Monitor]
+            .iter()
+            .map(|&a| self.answer_text(seat, a))
+            .collect()
+    }
     /// An engineer whose service is not restored yet.
     fn seat_active(&self, seat: usize) -> bool {
         seat < SEATS && self.completed[seat] == 0
