@@ -413,7 +413,7 @@ fn parity_mha_sharded() {
 
 /// `[model] base_dtype`: f32 activations and LoRA over a base stored in bf16 or f16,
 /// against transformers' all-f32 log-probs. The bounds are about twice the deltas
-/// measured (printed; the README's accuracy table quotes them).
+/// measured (printed; docs/performance.md's accuracy list quotes them).
 #[test]
 fn parity_reduced_precision_base() {
     for (name, bf16_tol, f16_tol) in [

@@ -127,6 +127,7 @@ fn eval_finds_the_adapter_each_page_keeps() {
                     a.ends_with("sft_adapter") || a.ends_with("sft"),
                     "{at}: {a:?}"
                 );
+                kept += 1;
             }
             (None, Err(e)) => {
                 let e = format!("{e:#}");
@@ -134,19 +135,20 @@ fn eval_finds_the_adapter_each_page_keeps() {
             }
         }
     }
-    assert!(kept >= 6, "pages keeping an adapter: {kept}");
+    assert!(kept >= 5, "pages keeping an adapter: {kept}");
 
-    // The pages as they are today, by name.
+    // The pages as they are today, by name: one adapter per result docs/results.md cites;
+    // superseded runs keep their logs and write-up, not their weights.
     let expect = [
         ("docs/runs/merge-ring-0.5b", Some("")),
-        ("docs/runs/ticketmelt-0.5b", Some("")),
-        ("docs/runs/ticketmelt-0.5b/compact", Some("")),
+        ("docs/runs/merge-ring-rl-0.5b", Some("")),
         ("docs/runs/ticketmelt-0.5b/run8-reasoned", Some("")),
-        ("docs/runs/whispers-0.5b/run2", Some("adapter")),
-        ("docs/runs/whispers-0.5b/run2b", Some("adapter")),
         ("docs/runs/whispers-0.5b/run6", Some("sft_adapter")),
-        ("docs/runs/postmortem-0.5b/run1", Some("sft_adapter")),
+        ("docs/runs/postmortem-0.5b/run2", Some("sft_adapter")),
+        ("docs/runs/ticketmelt-0.5b", None),
+        ("docs/runs/ticketmelt-0.5b/compact", None),
         ("docs/runs/ticketmelt-0.5b/run1-heuristic", None),
+        ("docs/runs/whispers-0.5b/run2", None),
         ("docs/runs/whispers-0.5b/run7", None),
     ];
     for (page, want) in expect {
@@ -178,19 +180,24 @@ fn compare_starts_from_the_published_start_or_the_base_model() {
         let cfg = load(&page(config).join("config.toml"));
         compare_start(&cfg, Some(page(adapter).as_path())).map(|p| canon(&p))
     };
-    // Run 2's GRPO started from its warm start, published as sft_adapter/.
+    // Run 7's GRPO started from run 6's warm start, published as run6/sft_adapter/.
     assert_eq!(
-        start("whispers-0.5b/run2", "whispers-0.5b/run2/adapter"),
-        Some(canon(&page("whispers-0.5b/run2/sft_adapter")))
+        start("whispers-0.5b/run7", "whispers-0.5b/run7"),
+        Some(canon(&page("whispers-0.5b/run6/sft_adapter")))
     );
-    // Run 6 (an SFT) started from run 5's.
+    // ... which is the base model's place when run 6's adapter is the one evaluated.
+    assert_eq!(
+        start("whispers-0.5b/run7", "whispers-0.5b/run6/sft_adapter"),
+        None
+    );
+    // Run 6 (an SFT) started from run 5's, whose weights left the tree.
     assert_eq!(
         start("whispers-0.5b/run6", "whispers-0.5b/run6/sft_adapter"),
-        Some(canon(&page("whispers-0.5b/run5/sft_adapter")))
+        None
     );
-    // Post-mortem run 1's adapter is its warm start: compared with the base model.
+    // Post-mortem run 2's adapter is its warm start: compared with the base model.
     assert_eq!(
-        start("postmortem-0.5b/run1", "postmortem-0.5b/run1/sft_adapter"),
+        start("postmortem-0.5b/run2", "postmortem-0.5b/run2/sft_adapter"),
         None
     );
     // TICKETMELT run 8's warm start was not published.

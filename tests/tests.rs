@@ -5,6 +5,8 @@ mod util;
 
 mod continuation;
 mod distributed;
+mod docs;
+mod docs_commands;
 mod episode;
 mod eval;
 mod explore;

@@ -13,10 +13,23 @@ pub struct BenchArgs {
 #[derive(Subcommand)]
 pub enum BenchCommand {
     /// Sampling throughput: tokens/s, prefill tokens/s, peak memory.
+    ///
+    /// `--model random:SHAPE` (`random:tiny`, `random:qwen2.5-0.5b` ... `random:qwen2.5-7b`,
+    /// `random:qwen3-0.6b`, `random:qwen3-4b`, `random:llama3.2-1b`) builds random weights
+    /// of that shape in memory, quantized as they are drawn with a quantized base. The
+    /// report includes the peak RSS and the base's storage by type.
     Sample(BenchSampleArgs),
     /// LoRA forward+backward throughput: tokens/s, seconds, peak RSS.
+    ///
+    /// Also prints the training memory estimate beside the growth of peak RSS over the
+    /// loaded model, the calibration of `[optim] memory_budget_gb`.
     Train(BenchTrainArgs),
     /// One full GRPO step of a config (sampling, scoring, update): seconds per phase.
+    ///
+    /// Reports `seconds_per_step`, `sampling_s`, `scoring_s`, `update_s`, `tokens`,
+    /// `peak_rss_mb` and `load_rss_mb`. The update always runs, tied groups included.
+    /// Every `random:SHAPE` but `random:tiny` carries its family's tokenizer, so it
+    /// trains here too.
     GrpoStep(BenchStepArgs),
     /// OpenEnv round trips per second: `concord serve` in-process, WebSocket clients
     /// playing reset + N steps, over 1 and many parallel sessions.

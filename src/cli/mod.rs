@@ -1,6 +1,7 @@
 //! The `concord` command line. Thin: every clap type lives here, one file per command,
 //! and each command calls one library entry function. No library module knows clap.
 mod bench;
+pub mod docs;
 mod envs;
 mod eval;
 mod export;
@@ -15,12 +16,17 @@ mod train;
 pub use bench::{BenchArgs, BenchCommand};
 use clap::{Parser, Subcommand};
 
+/// GRPO training of LLMs on multi-agent coordination games.
+///
+/// A model reference (`--model M`, `[model] name`) is a local directory, a `.gguf` file
+/// or a Hub id (`Qwen/Qwen2.5-0.5B-Instruct`, optionally `@revision`), downloaded
+/// through hf-hub into the standard Hugging Face cache (`HF_HOME`, `HF_TOKEN` and
+/// `HF_HUB_OFFLINE` are honoured). The benchmarks also take `random:SHAPE`: random
+/// weights of a built-in shape, built in memory.
+///
+/// Errors go to stderr, and the exit status is 1 (2 for a command-line error).
 #[derive(Parser)]
-#[command(
-    name = "concord",
-    version,
-    about = "GRPO training of LLMs on multi-agent coordination games"
-)]
+#[command(name = "concord", version)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
@@ -34,23 +40,101 @@ pub enum Command {
     /// `model init-adapter`, `model estimate`).
     Model(model::ModelArgs),
     /// Log-probabilities of a completion given a chat prompt (JSON).
+    ///
+    /// Prints `{"prompt_ids", "completion_ids", "logprobs"}`: the token ids of the
+    /// prompt and of the completion, and each completion token's log-probability under
+    /// the model (with the adapter, if one is given).
     Score(score::ScoreArgs),
     /// Sample completions for chat prompts (G per prompt; `--prompts FILE.jsonl` batches).
+    ///
+    /// `--stop` cuts the text before a stop string, `--min-new-tokens` suppresses stop
+    /// tokens before that many tokens, and `--logprobs` adds each completion's sampling
+    /// and full log-probs to the JSON. The request is checked against the model's
+    /// `max_position_embeddings` and the memory its KV cache needs before anything is
+    /// allocated.
     Generate(generate::GenerateArgs),
     /// GRPO training: `concord train --config F [--set k=v]... [--resume DIR]` (with `[sft] warm_start`, SFT first).
+    ///
+    /// Trains the LoRA adapter a run configuration describes (docs/configuration.md)
+    /// into its run directory, `<run.output_dir>/<run.name>/`, and draws the plots
+    /// there at the end. With `[sft] warm_start = true` it first runs the SFT into
+    /// `RUN_DIR/sft/` and starts GRPO from its adapter; a resume whose GRPO part has a
+    /// checkpoint skips it.
+    ///
+    /// A directory that already holds a run is refused unless `--resume` continues it
+    /// or `--overwrite` replaces it. Ctrl-C or SIGTERM writes a checkpoint before
+    /// exiting, and a resumed run writes the same later rows as an uninterrupted one; a
+    /// NaN or infinite loss or gradient skips the step without touching the adapter.
     Train(train::TrainArgs),
     /// Supervised fine-tuning of the LoRA adapter on demonstrations (`[sft]`).
+    ///
+    /// Trains on the `[sft]` demonstrations into the run directory: `training_log.csv`
+    /// (TRL `SFTTrainer`'s column names: loss, grad_norm, learning_rate, num_tokens,
+    /// mean_token_accuracy, ...), `checkpoint-N/` and the PEFT adapter. Every
+    /// demonstration is read and checked before the directory is touched; the
+    /// run-directory guard and `--resume` work as for `train`.
     Sft(sft::SftArgs),
     /// Play held-out episodes: reward components, win rates, 95% CIs (`--compare`: base vs adapter).
+    ///
+    /// Plays N held-out episodes per environment (those of the config's last stage)
+    /// with the model in the policy seats, and reports the reward components, the win
+    /// rate and the reward with 95% confidence intervals. Held-out episodes come from
+    /// seeds with the top bit set, training's from seeds with it clear, so evaluation
+    /// never replays a training episode.
+    ///
+    /// Writes `eval.json` beside the adapter (or `--out FILE`) and, for environments
+    /// with a behaviour report, `eval_decisions.jsonl` beside it (`FILE_decisions.jsonl`
+    /// for `--out FILE.json`): every decision's situation, state features, the model's
+    /// action and the reference policy's. A progress line per round goes to stderr.
+    ///
+    /// Each seat's next prompt is prefilled on top of the KV cache of its last one, so
+    /// only the tokens after their common prefix are computed; the kept KV is bounded
+    /// by a quarter of the memory available when the evaluation starts.
     Eval(eval::EvalArgs),
     /// Benchmarks (`bench sample`, `bench train`, `bench grpo-step`, `bench serve`).
     Bench(bench::BenchArgs),
     /// Draw reward_curve.png, components.png (sft_curve.png for an SFT run; before_after.png after `eval --compare`) for a run directory.
+    ///
+    /// `reward_curve.png` is the reward per step with its rolling mean and the stage
+    /// changes, `components.png` the reward components; an SFT run (`concord sft`'s, or
+    /// a warm start's `sft/`) gets `sft_curve.png`, loss and token accuracy per step.
+    /// `before_after.png` is drawn when the run's `eval.json` holds both the start and
+    /// the adapter.
+    ///
+    /// With an `eval_log.csv` (`run.eval_every`), `learning_curve.png` draws the
+    /// held-out reward and win rate against the step with 95% whiskers, and horizontal
+    /// lines for the start model (`eval.json` / `eval_base.json`), the best constant
+    /// policy and the heuristic. Those two are played on the first
+    /// `--reference-episodes` held-out episodes of the run's config.toml by `concord
+    /// eval`'s driver and kept in `references.json`.
     Plot(plot::PlotArgs),
     /// Serve an environment over the OpenEnv protocol (WebSocket /ws, HTTP, MCP).
+    ///
+    /// Endpoints: WebSocket `/ws` (one session per connection), `POST /reset`, `POST
+    /// /step`, `GET /state`, `GET /health`, `GET /metadata`, `GET /schema` and `POST
+    /// /mcp`. Prints `listening on http://ADDR` on stdout (with `--port 0`, the port
+    /// chosen) and structured logs on stderr (`RUST_LOG` filters them). SIGINT or
+    /// SIGTERM closes every session ("going away") and exits 0.
     Serve(serve::ServeArgs),
     /// Upload a run's adapter, logs, plots and a model card to the Hugging Face Hub.
+    ///
+    /// Uploads the adapter, `training_log.csv`, `config.toml`, `eval.json`, the plots
+    /// and a generated model card (`README.md`, also written into the run directory).
+    /// The token comes from `HF_TOKEN` or the `huggingface-cli login` token file, the
+    /// Hub from `HF_ENDPOINT` (default https://huggingface.co).
+    ///
+    /// Every request is limited to `CONCORD_HUB_TIMEOUT` seconds (default 15, plus
+    /// upload time at 256 KiB/s for file bodies) and retried at most 3 times, with a
+    /// line on stderr before each retry. A malformed `HF_ENDPOINT`, a host that does
+    /// not resolve, a token with spaces and HTTP 401/403/404 fail at once.
     Export(export::ExportArgs),
+    /// Print the command-line or configuration reference as markdown (`docs cli`, `docs config`).
+    ///
+    /// The pages `docs/cli.md` and `docs/configuration.md` are this command's output,
+    /// and a test fails when they differ from it: after changing a flag or a config
+    /// key, run `cargo run -- docs cli > docs/cli.md` and `cargo run -- docs config >
+    /// docs/configuration.md`.
+    Docs(docs::DocsArgs),
 }
 
 /// A count flag that must be at least 1 (`--batch 0`, `--episodes 0` are refused by
@@ -240,6 +324,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Plot(args) => plot::run(args),
         Command::Export(args) => export::run(args),
         Command::Serve(args) => serve::run(args),
+        Command::Docs(args) => docs::run(args),
     }
 }
 

@@ -17,14 +17,22 @@ pub struct ModelArgs {
 
 #[derive(Subcommand)]
 pub enum ModelCommand {
-    /// Write a random-weight Qwen2 checkpoint (real architecture) with Qwen's tokenizer and
-    /// a ChatML chat template, laid out like a Hub model directory. Deterministic per seed.
+    /// Write a random-weight checkpoint of a model family, laid out like a Hub model
+    /// directory with the family's real tokenizer and chat template. Deterministic per seed.
+    ///
+    /// `--shards N` writes N safetensors shards with an index; `--rope-scaling` gives
+    /// Llama 3's `llama3` RoPE scaling. The parity fixtures
+    /// (`scripts/make_parity_fixtures.py`) are made from these checkpoints.
     InitTiny(InitTinyArgs),
     /// Write a PEFT LoRA adapter for a model with random A and (nonzero) random B, saved
     /// by Concord (used by scripts/make_parity_fixtures.py to check peft loads it).
     InitAdapter(InitAdapterArgs),
     /// Estimate the memory of one GRPO step of a built-in shape (weights in their
     /// storage types, adapter + AdamW, sampling KV cache, training): will it fit?
+    ///
+    /// Prints JSON, in GB: the weights in their storage types, the adapter with its
+    /// gradients and AdamW moments, the sampling KV cache, training (the planner's
+    /// estimate) and their total.
     Estimate(EstimateArgs),
 }
 

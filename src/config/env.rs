@@ -1,19 +1,26 @@
 //! `[env]`: the environment trained on (built-in or an OpenEnv server), what one
 //! completion is, and the factory that builds it.
+use super::doc::documented;
 use super::locate::ValidationError;
 use super::{is_zero, MAX_ENV_TIMEOUT_S};
 use anyhow::Result;
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
 
+documented! {
+/// The environment trained on: a built-in one (`name`) or an OpenEnv server (`url`),
+/// and what one completion is. Optional when `[[stage]]` tables name their
+/// environments.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 pub struct EnvConfig {
-    /// Registry name (`ticketmelt`, `merge_ring`, ...); optional with `url`.
+    /// Registry name of a built-in environment (`ticketmelt`, `merge_ring`,
+    /// `whispers`, ...; see `concord envs list`); optional with `url`.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub name: String,
     /// An OpenEnv server (`ws://host:port` or `http://host:port`) to train on instead
-    /// of a built-in environment, in episode mode (see [`crate::envs::remote`]).
+    /// of a built-in environment: in episode mode, or in decision mode with
+    /// `continue_with = "model"`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub url: Option<String>,
     /// With `url`: the action field the model's text is sent in (default `message`).
@@ -28,12 +35,11 @@ pub struct EnvConfig {
     #[serde(default, skip_serializing_if = "is_zero")]
     pub max_steps: usize,
     /// With `url`: seconds to wait for the connection and for each reply before the
-    /// step fails (default 30).
+    /// step fails (unset: 30).
+    /// Range: (0, [`MAX_ENV_TIMEOUT_S`]].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout: Option<f64>,
-    /// `decision` (default): each completion is one decision, scored by finishing the
-    /// episode with the continuation policy; `episode`: each completion is a whole
-    /// trajectory (see [`crate::task::episode`]).
+    /// What one completion is: one decision, or a whole trajectory.
     #[serde(default, skip_serializing_if = "EnvMode::is_decision")]
     pub mode: EnvMode,
     /// Episode mode: the scalar reward is the sum of the seat's step rewards (logged as
@@ -50,26 +56,34 @@ pub struct EnvConfig {
     /// played as `concord eval` plays, so a decision is worth what the model itself
     /// makes of it; it costs the sampling of every continuation). With `url`, decision
     /// mode needs `model`: a server has no scripted policy, so the model also plays to
-    /// each decision ([`crate::envs::sample_decisions_with`]).
+    /// each decision.
     #[serde(default, skip_serializing_if = "ContinueWith::is_scripted")]
     pub continue_with: ContinueWith,
     /// Decision mode: draw only decisions at which the seat's legal actions, each
     /// finished by the continuation policy, differ in reward by more than
     /// `contested_margin`; a tied decision is replaced by another drawn from a derived
-    /// seed, at most `contested_draws` draws in all (see [`crate::envs::contest`]).
-    /// Built-in `merge_ring` and `ticketmelt`.
+    /// seed, at most `contested_draws` draws in all, the last kept. Judged with the
+    /// scripted continuation and the scalar reward; the log gets `decisions/draws`,
+    /// `decisions/contested_frac` and `decisions/action_spread`. Built-in `merge_ring`
+    /// and `ticketmelt`.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub contested: bool,
+    /// With `contested`: how far apart the best and worst action's rewards must be.
+    /// Range: >= 0.
     #[serde(default, skip_serializing_if = "is_zero_f64")]
     pub contested_margin: f64,
+    /// With `contested`: decisions drawn at most per prompt.
+    /// Range: >= 1.
     #[serde(
         default = "default_contested_draws",
         skip_serializing_if = "is_default_draws"
     )]
     pub contested_draws: usize,
-    /// Free table, validated by the environment.
+    /// `[env.options]`: the environment's own options (see `concord envs describe
+    /// NAME`), checked by the environment when the config loads.
     #[serde(default)]
     pub options: toml::Table,
+}
 }
 
 fn is_zero_f64(x: &f64) -> bool {
@@ -87,6 +101,7 @@ fn is_default_draws(n: &usize) -> bool {
     *n == DEFAULT_CONTESTED_DRAWS
 }
 
+documented! {
 /// Who finishes a decision's episode (`[env] continue_with`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "lowercase")]
@@ -97,6 +112,7 @@ pub enum ContinueWith {
     /// The model being trained.
     Model,
 }
+}
 
 impl ContinueWith {
     pub fn is_scripted(&self) -> bool {
@@ -104,15 +120,19 @@ impl ContinueWith {
     }
 }
 
+documented! {
 /// What one completion is (`[env] mode`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "lowercase")]
 pub enum EnvMode {
-    /// One policy seat's decision at one state.
+    /// One policy seat's decision at one state, scored by finishing the episode
+    /// (`continue_with`).
     #[default]
     Decision,
-    /// A whole trajectory: model turns and environment turns.
+    /// A whole trajectory: model turns and environment turns, scored by the seat's
+    /// episode reward.
     Episode,
+}
 }
 
 impl EnvMode {

@@ -1,28 +1,40 @@
 //! `[grpo]`: group size, sampling, the loss and its TRL knobs, and their checks.
+use super::doc::documented;
 use super::is_zero;
 use super::limits;
 use super::locate::ValidationError;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
+documented! {
+/// How token losses are weighted and normalised.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "snake_case")]
 pub enum LossType {
+    /// The GRPO paper's: each sequence's token losses averaged, then the sequences'.
     Grpo,
+    /// Token losses averaged over the batch's completion tokens.
     Bnpo,
+    /// Dr. GRPO: token losses summed and divided by rows x `max_completion_length`,
+    /// with no length bias.
     DrGrpo,
+    /// DAPO: token losses averaged over the batch's completion tokens (TRL's default).
     #[default]
     Dapo,
-    /// Clipped importance-sampling weights times the log-prob (MiniMax-M1).
+    /// Clipped importance-sampling weights times the log-prob (MiniMax-M1); logs
+    /// `cispo_clip_ratio`.
     Cispo,
     /// A sigmoid gate on the ratio instead of a hard clip (SAPO).
     Sapo,
     /// GSPO with each sequence's loss scaled by its length (LUSPO).
     Luspo,
-    /// Gamma-shaped sequence weights on the log-prob (VESPO).
+    /// Gamma-shaped sequence weights on the log-prob (VESPO); logs
+    /// `vespo/phi_seq_mean`.
     Vespo,
 }
+}
 
+documented! {
 /// How several named reward components become one advantage.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "snake_case")]
@@ -31,10 +43,13 @@ pub enum MultiObjectiveAggregation {
     #[default]
     SumThenNormalize,
     /// GDPO: normalise each component within its group, sum with the weights, then
-    /// normalise the sum over the batch.
+    /// normalise the sum over the batch (`scale_rewards` does not apply). A component
+    /// a completion lacks counts as 0.
     NormalizeThenSum,
 }
+}
 
+documented! {
 /// How the sampler/trainer importance weights `exp(logp_train - logp_sampler)` are
 /// formed and bounded (TRL's `vllm_importance_sampling_mode`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
@@ -50,98 +65,197 @@ pub enum ImportanceSamplingMode {
     #[default]
     SequenceMask,
 }
+}
 
+documented! {
+/// Whether the policy ratio is taken per token or per sequence.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "snake_case")]
 pub enum ImportanceSamplingLevel {
+    /// One ratio per token (GRPO).
     #[default]
     Token,
+    /// One ratio per sequence, the exp of its mean token log-ratio (GSPO).
     Sequence,
 }
+}
 
+documented! {
+/// What a group's centred rewards are divided by.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "snake_case")]
 pub enum ScaleRewards {
+    /// The group's reward standard deviation.
     #[default]
     Group,
+    /// The whole batch's reward standard deviation.
     Batch,
+    /// Nothing: advantages are the rewards minus the group mean (Dr. GRPO).
     None,
 }
+}
 
+documented! {
+/// Group size, sampling, the loss and its TRL knobs. The keys are TRL's `GRPOConfig`
+/// fields under the same names, with the same defaults and the same numbers
+/// (`tests/grpo_math.rs` checks every loss type against TRL's own code).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct GrpoConfig {
-    /// G: completions per prompt.
+    /// G: completions sampled per prompt; advantages compare the completions of a
+    /// group.
+    /// Range: 2 to [`limits::MAX_NUM_GENERATIONS`].
+    /// TRL: `num_generations`.
     pub num_generations: usize,
-    /// Prompts (groups) per optimiser step; the batch has prompts_per_step x G rows.
+    /// Prompts (groups) per optimiser step: the batch has prompts_per_step x G rows.
+    /// Range: 1 to [`limits::MAX_PROMPTS_PER_STEP`], and prompts_per_step x G at most
+    /// [`limits::MAX_BATCH_ROWS`].
+    /// TRL: `generation_batch_size` / `num_generations`.
     pub prompts_per_step: usize,
+    /// Tokens one completion may take; in episode mode, a whole trajectory's
+    /// completion tokens (model and environment together).
+    /// Range: 1 to [`limits::MAX_COMPLETION_LENGTH`], within the model's
+    /// `max_position_embeddings`.
+    /// TRL: `max_completion_length`.
     pub max_completion_length: usize,
+    /// Sampling temperature.
+    /// Range: > 0.
+    /// TRL: `temperature`.
     pub temperature: f64,
+    /// Nucleus sampling: draw from the most likely tokens that hold this much
+    /// probability (1: off).
+    /// Range: (0, 1].
+    /// TRL: `top_p`.
     pub top_p: f64,
-    /// 0: off.
+    /// Draw from the k most likely tokens (0: off).
+    /// TRL: `top_k`.
     pub top_k: usize,
-    /// 0: off.
+    /// Drop tokens less likely than this times the most likely one (0: off).
+    /// Range: [0, 1].
+    /// TRL: `min_p`.
     pub min_p: f64,
+    /// Divide the logits of tokens already in the context by this (multiply the
+    /// negative ones; 1: off).
+    /// Range: > 0.
+    /// TRL: `repetition_penalty`.
     pub repetition_penalty: f64,
-    /// KL weight; the reference is the model with the adapter disabled.
+    /// KL weight; the reference is the model with the adapter disabled (0: no KL
+    /// term).
+    /// Range: >= 0.
+    /// TRL: `beta`.
     pub beta: f64,
+    /// Clip range of the policy ratio: [1 - epsilon, 1 + epsilon_high].
+    /// Range: (0, 1).
+    /// TRL: `epsilon`.
     pub epsilon: f64,
-    /// Upper clip epsilon (DAPO: 0.28); defaults to `epsilon`.
+    /// Upper clip range (DAPO: 0.28); with `cispo`, the cap of the weight itself
+    /// (ScaleRL uses 5.0). Unset: `epsilon`.
+    /// Range: > 0.
+    /// TRL: `epsilon_high`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub epsilon_high: Option<f64>,
-    /// Caps the importance weight from above (two-sided GRPO); off when absent.
+    /// Caps the policy ratio from above (two-sided GRPO); off when unset.
+    /// Range: > 1.
+    /// TRL: `delta`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub delta: Option<f64>,
+    /// How token losses are weighted and normalised.
+    /// TRL: `loss_type`.
     pub loss_type: LossType,
+    /// Whether the policy ratio is per token or per sequence.
+    /// TRL: `importance_sampling_level`.
     pub importance_sampling_level: ImportanceSamplingLevel,
+    /// How a group's centred rewards are scaled into advantages.
+    /// TRL: `scale_rewards`.
     pub scale_rewards: ScaleRewards,
+    /// Completions cut at `max_completion_length` carry no loss.
+    /// TRL: `mask_truncated_completions`.
     pub mask_truncated_completions: bool,
     /// Optimiser steps per generated batch (reuses old log-probs when > 1).
+    /// Range: 1 to [`limits::MAX_NUM_ITERATIONS`].
+    /// TRL: `num_iterations`.
     pub num_iterations: usize,
-    /// Weights of named reward components; empty: use the environment's scalar reward.
+    /// Weights of the environment's named reward components, `{ win = 1.0, valid =
+    /// 0.2 }`: the reward is their weighted sum. Empty: the environment's scalar
+    /// reward.
+    /// Range: finite weights.
+    /// TRL: `reward_weights` (a list there, one per reward function).
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub reward_weights: BTreeMap<String, f64>,
     /// DAPO's dynamic sampling: keep drawing prompts until `prompts_per_step` groups
     /// have rewards that differ (a group whose rewards are all equal carries no
-    /// gradient), or `max_prompt_draws` prompts have been drawn.
+    /// gradient), or `max_prompt_draws` prompts have been drawn. The log then gets a
+    /// `prompt_draws` column, and `frac_reward_zero_std` counts every group drawn. Not
+    /// in episode mode yet.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub dynamic_sampling: bool,
     /// Prompts drawn per step at most with `dynamic_sampling` (0: 4 x
     /// `prompts_per_step`).
+    /// Range: 0, or `prompts_per_step` to [`limits::MAX_PROMPTS_PER_STEP`].
     #[serde(skip_serializing_if = "is_zero")]
     pub max_prompt_draws: usize,
     /// `sapo`: gate temperature of tokens with positive advantage.
+    /// Range: > 0.
+    /// TRL: `sapo_temperature_pos`.
     pub sapo_temperature_pos: f64,
     /// `sapo`: gate temperature of tokens with non-positive advantage.
+    /// Range: > 0.
+    /// TRL: `sapo_temperature_neg`.
     pub sapo_temperature_neg: f64,
     /// `vespo`: power k of the Gamma weight for non-negative advantages.
+    /// Range: >= 0.
+    /// TRL: `vespo_k_pos`.
     pub vespo_k_pos: f64,
     /// `vespo`: decay lambda of the Gamma weight for non-negative advantages.
+    /// Range: > 0.
+    /// TRL: `vespo_lambda_pos`.
     pub vespo_lambda_pos: f64,
     /// `vespo`: power k for negative advantages.
+    /// Range: >= 0.
+    /// TRL: `vespo_k_neg`.
     pub vespo_k_neg: f64,
     /// `vespo`: decay lambda for negative advantages.
+    /// Range: > 0.
+    /// TRL: `vespo_lambda_neg`.
     pub vespo_lambda_neg: f64,
-    /// How named reward components (`reward_weights`) combine into the advantage.
+    /// How named reward components (`reward_weights`) combine into the advantage;
+    /// `normalize_then_sum` needs `reward_weights`.
+    /// TRL: `multi_objective_aggregation`.
     pub multi_objective_aggregation: MultiObjectiveAggregation,
     /// Keep only the top-q highest-entropy completion tokens of each micro-batch in the
-    /// policy loss (1.0: all tokens).
+    /// policy loss (1.0: all tokens; 0.2 in the paper).
+    /// Range: [0, 1].
+    /// TRL: `top_entropy_quantile`.
     pub top_entropy_quantile: f64,
     /// Weight of the mean token entropy subtracted from the loss (0: off).
+    /// Range: finite.
+    /// TRL: `entropy_coef`.
     pub entropy_coef: f64,
     /// Multiply the per-token loss by sampler/trainer importance weights. Off by
-    /// default: Concord samples with the very weights it trains.
+    /// default: Concord samples with the very weights it trains (TRL turns it on with
+    /// vLLM only). The drift is logged every step (`sampling/*`); turn it on if it
+    /// grows, as it may in bf16 on a GPU or with a quantized base.
+    /// TRL: `vllm_importance_sampling_correction`.
     pub importance_sampling_correction: bool,
+    /// How those weights are formed and bounded.
+    /// TRL: `vllm_importance_sampling_mode`.
     pub importance_sampling_mode: ImportanceSamplingMode,
-    /// Lower bound of the importance weights (none when absent).
+    /// Lower bound of the importance weights (none when unset).
+    /// Range: >= 0, below `importance_sampling_clip_max`.
+    /// TRL: `vllm_importance_sampling_clip_min`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub importance_sampling_clip_min: Option<f64>,
-    /// Upper bound of the importance weights (`inf`: none).
+    /// Upper bound of the importance weights (`inf`: none, TRL's `None`).
+    /// Range: > 0.
+    /// TRL: `vllm_importance_sampling_clip_max`.
     pub importance_sampling_clip_max: f64,
     /// Drop negative-advantage sequences whose mean sampler-to-policy KL exceeds this
-    /// (DeepSeek-V3.2's off-policy sequence mask); off when absent.
+    /// (DeepSeek-V3.2's off-policy sequence mask); off when unset.
+    /// Range: >= 0 (e.g. 0.5).
+    /// TRL: `off_policy_mask_threshold`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub off_policy_mask_threshold: Option<f64>,
+}
 }
 
 impl Default for GrpoConfig {

@@ -11,15 +11,19 @@
 //! `validate.rs` runs the section checks in order with the few that span sections;
 //! `locate.rs` puts a file, line and key on errors and applies `--set`; `paths.rs`
 //! resolves and records the path keys; `resume.rs` is what a resume may not change.
+//! `doc.rs` keeps the schema's doc comments, from which `reference.rs` makes the
+//! configuration reference (`concord docs config`).
 //!
 //! Defaults follow TRL's `GRPOConfig` / transformers' `TrainingArguments` (see
 //! `shared/design/grpo.md`) so that a user moving from Python finds the same numbers.
+pub mod doc;
 mod env;
 mod grpo;
 mod locate;
 mod model;
 mod optim;
 mod paths;
+pub mod reference;
 mod resume;
 mod run;
 pub mod sft;
@@ -41,12 +45,26 @@ pub use resume::FROZEN_ON_RESUME;
 pub use run::{PathsBase, ReportTo, RunConfig};
 
 use anyhow::{anyhow, Context, Result};
+use doc::documented;
 use locate::{de_error, locate_stage_error, Source};
 use paths::real_path;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
+documented! {
 /// The whole run configuration.
+///
+/// A run is one TOML file of the sections below. Unknown keys are rejected with the
+/// key and its line, values are range-checked, and `--set section.key=value` overrides
+/// any key (the value is parsed as TOML, bare words as strings). Defaults follow TRL's
+/// `GRPOConfig` and `TrainingArguments`, so a user moving from Python finds the same
+/// numbers.
+///
+/// The resolved config is written to `RUN_DIR/config.toml` with its relative paths
+/// (`run.output_dir`, `model.adapter`, `sft.path`, and `model.name` when it is a local
+/// path) rewritten relative to the run directory and marked so (`run.paths_relative_to
+/// = "config_dir"`): the file names no path of the machine it ran on, and `--resume
+/// RUN_DIR` or `--config RUN_DIR/config.toml` works from any directory.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 pub struct Config {
@@ -70,6 +88,7 @@ pub struct Config {
     /// Supervised fine-tuning (`concord sft`, or `warm_start` before GRPO).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sft: Option<sft::SftConfig>,
+}
 }
 
 /// `skip_serializing_if` of the count keys whose 0 means "off".

@@ -1,5 +1,6 @@
 //! `[model]` and `[lora]`: the base model, its dtypes and device, and the adapter's
 //! shape.
+use super::doc::documented;
 use super::limits;
 use super::locate::ValidationError;
 use crate::model::lora::LORA_TARGETS;
@@ -8,14 +9,19 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
+documented! {
 /// Parameter / compute dtype.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "lowercase")]
 pub enum DTypeName {
+    /// 32-bit floats.
     #[default]
     F32,
+    /// bfloat16: half the bytes, f32's range.
     Bf16,
+    /// IEEE half precision: half the bytes.
     F16,
+}
 }
 
 impl DTypeName {
@@ -35,21 +41,31 @@ impl DTypeName {
     }
 }
 
+documented! {
 /// `[model] base_dtype`: a float storage dtype or a quantized base.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum BaseDTypeName {
+    /// Every projection, the embedding and the LM head in f32.
     #[serde(rename = "f32")]
     F32,
+    /// Every projection, the embedding and the LM head in bf16.
     #[serde(rename = "bf16")]
     Bf16,
+    /// Every projection, the embedding and the LM head in f16.
     #[serde(rename = "f16")]
     F16,
+    /// The projections and the LM head quantized at load to llama.cpp's Q8_0 (8-bit
+    /// blocks of 32 weights).
     #[serde(rename = "q8_0")]
     Q8_0,
+    /// The projections quantized at load to llama.cpp's Q4_K, as llama.cpp does it:
+    /// Q5_0 where a matrix's input size is not a multiple of 256, the LM head in Q6_K.
     #[serde(rename = "q4_k")]
     Q4K,
+    /// A `.gguf` file's own blocks, bit for bit.
     #[serde(rename = "gguf")]
     Gguf,
+}
 }
 
 impl BaseDTypeName {
@@ -66,34 +82,43 @@ impl BaseDTypeName {
     }
 }
 
+documented! {
+/// The base model, its dtypes and its device.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ModelConfig {
-    /// Hub id (`Qwen/Qwen2.5-3B-Instruct[@revision]`), local directory or `.gguf`
-    /// file. With `init_tiny = true`, a missing or empty directory gets the built-in
-    /// tiny random model.
+    /// The base model, required: a Hub id (`Qwen/Qwen2.5-3B-Instruct[@revision]`,
+    /// downloaded into the Hugging Face cache), a local directory or a `.gguf` file.
+    /// With `init_tiny = true`, a missing or empty directory gets the built-in tiny
+    /// random model.
     pub name: String,
+    /// Parameter and compute dtype: activations, norms, biases, LoRA and accumulation.
+    /// TRL: `model_init_kwargs.dtype`.
     pub dtype: DTypeName,
     /// Storage of the frozen base matrices (projections, LM head; the embedding too
     /// for a float type): `bf16`/`f16` halve the bytes a decode step streams; `q8_0`
-    /// and `q4_k` quantize the projections and LM head at load (QLoRA-style), `gguf`
-    /// keeps a GGUF file's own blocks. Activations, LoRA and accumulation stay in
-    /// `dtype`, and sampling and training see the same weights. Absent: `dtype`.
+    /// and `q4_k` quantize at load (QLoRA-style), `gguf` keeps a GGUF file's own
+    /// blocks. Each use widens or dequantizes the base exactly, so sampling and
+    /// training see the same weights. Unset: `dtype`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub base_dtype: Option<BaseDTypeName>,
-    /// `cpu` or `cuda:N`.
+    /// `cpu`, `auto` (CUDA device 0 when built with CUDA and one is present, else the
+    /// CPU), `cuda` (= `cuda:0`) or `cuda:N`.
     pub device: String,
     /// Create the built-in tiny random model at `name` when that directory is absent.
     pub init_tiny: bool,
-    /// Start from this PEFT adapter directory (e.g. an SFT run) instead of a fresh
-    /// LoRA: its adapter_config.json replaces the `[lora]` shape keys.
+    /// Start `train` and `eval` from this PEFT adapter directory (an SFT run, a Hub
+    /// adapter's download) instead of a fresh LoRA: its adapter_config.json replaces
+    /// the `[lora]` shape keys. Recorded in config.toml and the model card.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub adapter: Option<PathBuf>,
-    /// Extra chat-template variables (TRL's `chat_template_kwargs`), over Concord's
-    /// defaults `enable_thinking = false` (Qwen3 answers without a reasoning trace) and
-    /// `date_string = "26 Jul 2024"` (Llama 3's system prompt does not change by day).
+    /// Extra chat-template variables, over Concord's defaults `enable_thinking =
+    /// false` (Qwen3 answers without a reasoning trace) and `date_string = "26 Jul
+    /// 2024"` (Llama 3's system prompt does not change by day).
+    /// TRL: `chat_template_kwargs`.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub chat_template_kwargs: BTreeMap<String, toml::Value>,
+}
 }
 
 impl Default for ModelConfig {
@@ -163,14 +188,33 @@ pub fn parse_device(s: &str) -> Result<candle_core::Device> {
     }
 }
 
+documented! {
+/// The shape of the LoRA adapter that training creates (an adapter loaded through
+/// `model.adapter` brings its own).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct LoraSection {
+    /// The adapter's rank.
+    /// Range: 1 to [`limits::MAX_LORA_R`].
+    /// TRL: `r` (PEFT `LoraConfig`).
     pub r: usize,
+    /// Scale of the update: alpha / r (alpha / sqrt(r) with `use_rslora`).
+    /// Range: > 0.
+    /// TRL: `lora_alpha`.
     pub alpha: f64,
+    /// Dropout on the adapter's input while training.
+    /// Range: [0, 1).
+    /// TRL: `lora_dropout`.
     pub dropout: f64,
+    /// The projections that get an adapter: any of `q_proj`, `k_proj`, `v_proj`,
+    /// `o_proj`, `gate_proj`, `up_proj`, `down_proj`.
+    /// Range: at least one.
+    /// TRL: `target_modules`.
     pub targets: Vec<String>,
+    /// Rank-stabilised scaling, alpha / sqrt(r).
+    /// TRL: `use_rslora`.
     pub use_rslora: bool,
+}
 }
 
 impl Default for LoraSection {

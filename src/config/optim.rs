@@ -1,52 +1,87 @@
 //! `[optim]`: AdamW, the learning-rate schedule and how a batch is cut to fit memory.
+use super::doc::documented;
 use super::limits;
 use super::locate::ValidationError;
 use serde::{Deserialize, Serialize};
 
+documented! {
+/// The learning rate after the warmup.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "snake_case")]
 pub enum Schedule {
+    /// The peak learning rate throughout.
     Constant,
+    /// Linear decay from the peak to 0 at the last step.
     #[default]
     Linear,
+    /// Cosine decay from the peak to 0 at the last step.
     Cosine,
 }
+}
 
+documented! {
+/// AdamW, the learning-rate schedule, and how a batch is cut into micro-batches that
+/// fit memory. `[sft]` takes every key but its own `learning_rate` from here.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct OptimConfig {
+    /// Peak learning rate (AdamW moves each weight by about this much a step).
+    /// Range: (0, 1].
+    /// TRL: `learning_rate`.
     pub learning_rate: f64,
     /// Global-norm gradient clipping; 0 disables it.
+    /// Range: >= 0.
+    /// TRL: `max_grad_norm`.
     pub max_grad_norm: f64,
+    /// AdamW's decay rates of the first and second moments.
+    /// Range: each in [0, 1).
+    /// TRL: `adam_beta1`, `adam_beta2`.
     pub betas: [f64; 2],
+    /// AdamW's epsilon.
+    /// Range: > 0.
+    /// TRL: `adam_epsilon`.
     pub eps: f64,
+    /// AdamW's decoupled weight decay.
+    /// Range: >= 0.
+    /// TRL: `weight_decay`.
     pub weight_decay: f64,
+    /// Steps of linear warmup from 0 to the peak learning rate.
+    /// Range: at most `run.steps`.
+    /// TRL: `warmup_steps`.
     pub warmup_steps: usize,
+    /// The learning rate after the warmup.
+    /// TRL: `lr_scheduler_type`.
     pub schedule: Schedule,
     /// At most this many sequences per forward/backward (gradient accumulation); 0: no
-    /// cap (the memory budget alone cuts the batch).
+    /// cap (the memory budget alone cuts the batch). The update equals the full
+    /// batch's for every loss type. A data-parallel run shares these micro-batches out
+    /// among its processes: set it to about the step's rows over the process count.
+    /// TRL: `per_device_train_batch_size` (with `gradient_accumulation_steps`).
     pub micro_batch: usize,
     /// Run each group's shared prompt through the training forward once (its keys and
     /// values, with their graph, shared by the group's completions) instead of once per
     /// completion. Micro-batches then hold whole groups when they fit; a group larger
     /// than `micro_batch` or the memory budget is cut into sub-groups that each run the
-    /// prompt. Same log-probs and gradients
-    /// up to float rounding without LoRA dropout; with dropout, a prompt token's mask is
-    /// shared by the group. Default off.
+    /// prompt. Same log-probs and gradients up to float rounding without LoRA dropout;
+    /// with dropout, a prompt token's mask is shared by the group. SFT micro-batches put
+    /// their demonstrations' common prompt prefix through once the same way.
     pub share_prompt: bool,
     /// Memory a training micro-batch may take (activations, attention, log-prob head),
     /// in GB (10^9 bytes). Micro-batches (and, with `share_prompt`, groups) are split
-    /// until each one's estimate ([`crate::model::budget::TrainMemory`]) fits; a row
-    /// that alone does not fit is an error naming both numbers. Unset: a share
-    /// ([`crate::model::budget::DEFAULT_BUDGET_SHARE`]) of the host's available memory
-    /// on the CPU; no automatic split on other devices (their free memory is not read).
+    /// until each one's estimate fits; a row that alone does not fit is an error naming
+    /// both numbers. Unset: a share ([`crate::model::budget::DEFAULT_BUDGET_SHARE`]) of
+    /// the host's available memory on the CPU; no automatic split on other devices
+    /// (their free memory is not read).
+    /// Range: > 0, at most [`limits::MAX_MEMORY_BUDGET_GB`].
     #[serde(skip_serializing_if = "Option::is_none")]
     pub memory_budget_gb: Option<f64>,
     /// Recompute each decoder layer's activations in the backward instead of keeping
-    /// them (TRL's `gradient_checkpointing`): a micro-batch then holds one layer's
-    /// activations plus every layer's input, for about one more forward of compute.
-    /// Same gradients up to float rounding. Default off.
+    /// them (GRPO and SFT): a micro-batch then holds one layer's activations plus every
+    /// layer's input, for about one more forward of compute. Same gradients up to float
+    /// rounding. Default off (TRL's default is on).
+    /// TRL: `gradient_checkpointing`.
     pub gradient_checkpointing: bool,
+}
 }
 
 impl Default for OptimConfig {

@@ -5,9 +5,11 @@
 //!
 //! Defaults follow TRL's `SFTConfig` where it has the knob (`learning_rate` 2e-5,
 //! `num_train_epochs`, `max_steps`, `per_device_train_batch_size` 8).
+use super::doc::documented;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 
+documented! {
 /// Where demonstrations come from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "snake_case")]
@@ -22,7 +24,9 @@ pub enum SftSource {
     /// kept when their reward reaches `min_reward`.
     Rejection,
 }
+}
 
+documented! {
 /// How an `env` source spreads its demonstrations over the decisions it draws.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "snake_case")]
@@ -37,57 +41,84 @@ pub enum SftBalance {
     /// a behaviour report.
     Situation,
 }
+}
 
 /// Decisions drawn per demonstration wanted when `balance = "situation"`.
 pub const BALANCE_POOL: usize = 8;
 
+documented! {
+/// Supervised fine-tuning: where the demonstrations come from and how long to train
+/// on them (`concord sft`, or `warm_start` before GRPO). The model, LoRA, optimizer
+/// and run keys are `[model]`, `[lora]`, `[optim]` and `[run]`. The loss is the
+/// cross-entropy of the completion tokens (plus the end-of-turn token), averaged over
+/// the batch's completion tokens; prompt tokens carry none. Defaults follow TRL's
+/// `SFTConfig`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct SftConfig {
+    /// Where the demonstrations come from.
     pub source: SftSource,
-    /// The JSONL file (`source = "jsonl"`).
+    /// The JSONL file of a `jsonl` source: one `{"messages": [{"role", "content"},
+    /// ...], "completion": "..."}` per line.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub path: Option<PathBuf>,
     /// Environment of `env` / `rejection` sources (default: `[env] name`, with its
     /// options unless `[sft.options]` is given).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub env: Option<String>,
-    /// Options of that environment (default: `[env.options]` when it is `[env]`'s).
+    /// `[sft.options]`: options of that environment (default: `[env.options]` when it
+    /// is `[env]`'s).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub options: Option<toml::Table>,
     /// The scripted policy whose answers are the demonstrations (`source = "env"`).
     pub policy: String,
     /// Demonstrations to build (`env`: one per decision; `rejection`: kept samples).
+    /// Range: 1 to [`MAX_EXAMPLES`].
     pub examples: usize,
     /// `env` source: how the demonstrations spread over situations.
     pub balance: SftBalance,
-    /// Rejection sampling keeps a completion whose scalar reward is at least this.
+    /// Rejection sampling keeps a completion that ends on a stop token with a scalar
+    /// reward of at least this.
+    /// Range: finite.
     pub min_reward: f64,
     /// Rejection sampling draws at most this many prompts (0: 8 x `examples`); each
     /// gets `grpo.num_generations` samples with the `[grpo]` sampling keys.
     pub max_prompts: usize,
-    /// Passes over the demonstrations (TRL `num_train_epochs`), unless `steps` > 0.
+    /// Passes over the demonstrations, unless `steps` > 0.
+    /// Range: >= 1 when `steps` = 0.
+    /// TRL: `num_train_epochs`.
     pub epochs: usize,
-    /// Optimizer steps (TRL `max_steps`); 0: `epochs` passes.
+    /// Optimizer steps (0: `epochs` passes).
+    /// Range: 0 to [`super::limits::MAX_STEPS`].
+    /// TRL: `max_steps`.
     pub steps: usize,
     /// Demonstrations per optimizer step (`[optim] micro_batch` splits it).
+    /// Range: 1 to [`super::limits::MAX_BATCH_ROWS`].
+    /// TRL: `per_device_train_batch_size`.
     pub batch_size: usize,
     /// Peak learning rate of the SFT updates (`[optim]` gives every other optimizer key).
+    /// Range: (0, 1].
+    /// TRL: `learning_rate`.
     pub learning_rate: f64,
     /// `concord train` runs this SFT first (into `RUN_DIR/sft/`) and starts GRPO from
     /// its adapter.
     pub warm_start: bool,
     /// Stop once the mean loss of the last `stop_window` steps is at most this: a
     /// warm start that has learnt the format but not yet collapsed onto its teacher
-    /// leaves GRPO groups whose completions differ.
+    /// leaves GRPO groups whose completions differ. A resume refills the window from
+    /// `training_log.csv`, so a stopped run stays stopped.
+    /// Range: > 0.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub stop_at_loss: Option<f64>,
     /// Stop once the mean token accuracy of the last `stop_window` steps reaches this.
+    /// Range: (0, 1].
     #[serde(skip_serializing_if = "Option::is_none")]
     pub stop_at_token_accuracy: Option<f64>,
     /// Steps the stop rules average over.
+    /// Range: 1 to [`super::limits::MAX_STEPS`].
     #[serde(skip_serializing_if = "is_default_window")]
     pub stop_window: usize,
+}
 }
 
 /// Steps `stop_at_loss` and `stop_at_token_accuracy` average over by default.

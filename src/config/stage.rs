@@ -1,30 +1,48 @@
 //! The curriculum schema: `[[stage]]` tables, their validation, and how a stage's
 //! overrides resolve against the top-level config. The runtime side (building each
 //! stage's task) is [`crate::curriculum`].
+use super::doc::documented;
 use super::{Config, ContinueWith, EnvConfig, EnvMode};
 use crate::envs::{self, Options};
 use anyhow::{anyhow, bail, Context, Result};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
-/// One `[[stage]]` table.
+documented! {
+/// A curriculum stage. Stages run in order; each trains a mixture of environments
+/// with its own `[grpo]` / `[optim]` overrides, for a fixed number of steps or until
+/// a promotion rule holds, and the last may be open-ended (until `run.steps`). A
+/// config with stages needs no `[env]`. Each prompt's environment is drawn from the
+/// stage's mixture with the step's seed, and a resumed run continues inside the same
+/// stage with the same window. A config holds at most [`super::limits::MAX_STAGES`]
+/// stages.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct StageSpec {
     /// Written to the `stage` column of training_log.csv.
+    /// Range: non-empty, unique, without commas or quotes.
     pub name: String,
-    /// Fixed length in steps.
+    /// Fixed length in steps (instead of `promote_when`).
+    /// Range: 1 to [`super::limits::MAX_STEPS`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub steps: Option<usize>,
-    /// Cap on a promotion-ruled stage.
+    /// Cap on a stage promoted by `promote_when`.
+    /// Range: 1 to [`super::limits::MAX_STEPS`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_steps: Option<usize>,
+    /// Promote to the next stage once the mean step reward of the last `window` steps
+    /// reaches `mean_reward` (or at `max_steps`): `promote_when = { mean_reward = 0.6,
+    /// window = 20 }`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub promote_when: Option<Promotion>,
-    /// Environment name -> mixture weight (default: the top-level `[env]`).
+    /// Environment name -> mixture weight, `{ ticketmelt = 0.5, merge_ring = 0.5 }`
+    /// (default: the top-level `[env]`, whose `url` server a stage without `envs`
+    /// trains).
+    /// Range: finite weights >= 0, not all 0.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub envs: BTreeMap<String, f64>,
-    /// Per-environment options (default: `[env.options]` for the `[env]` environment).
+    /// `[stage.options.ENV]`: per-environment options (default: `[env.options]` for the
+    /// `[env]` environment).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub options: BTreeMap<String, Options>,
     /// `decision` or `episode` (default: `[env] mode`). An episode stage trains whole
@@ -32,20 +50,29 @@ pub struct StageSpec {
     /// `max_turn_tokens`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mode: Option<EnvMode>,
-    /// Overrides of `[grpo]` keys for this stage.
+    /// `[stage.grpo]`: overrides of `[grpo]` keys for this stage (not
+    /// `num_iterations`, which shapes the whole run).
     #[serde(default, skip_serializing_if = "toml::Table::is_empty")]
     pub grpo: toml::Table,
-    /// Overrides of `[optim]` keys for this stage.
+    /// `[stage.optim]`: overrides of `[optim]` keys for this stage (not `schedule` or
+    /// `warmup_steps`, which shape the whole run).
     #[serde(default, skip_serializing_if = "toml::Table::is_empty")]
     pub optim: toml::Table,
 }
+}
 
-/// `promote_when = { mean_reward = 0.6, window = 20 }`.
+documented! {
+/// A stage's promotion rule, `promote_when = { mean_reward = 0.6, window = 20 }`.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Promotion {
+    /// The mean step reward that promotes.
+    /// Range: finite.
     pub mean_reward: f64,
+    /// Steps the mean is taken over.
+    /// Range: >= 1.
     pub window: usize,
+}
 }
 
 /// Keys that shape the whole run (the LR schedule's length, the update count) and so

@@ -159,7 +159,7 @@ pub const DEFAULT_BUDGET_SHARE: f64 = 0.7;
 ///
 /// The constant gap (about 0.2 GB whatever the size) is allocator slack and per-thread
 /// buffers, hence a fixed term; the factor leaves a margin on the rest. The real
-/// Qwen2.5-Coder-0.5B GGUF steps in the README (1 x 4 x 24 and 2 x 8 x 40 tokens on
+/// Qwen2.5-Coder-0.5B GGUF steps in docs/history.md (1 x 4 x 24 and 2 x 8 x 40 tokens on
 /// ~700-token prompts, with and without `share_prompt`) come out 5-15% above their
 /// measured peaks.
 pub const CALIBRATION: f64 = 1.15;

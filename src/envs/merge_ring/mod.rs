@@ -465,7 +465,7 @@ impl MergeRingFactory {
     pub fn session(&self, seed: u64) -> MergeRing {
         MergeRing::new(self.cfg.clone(), seed)
     }
-    /// The README's baseline table: every policy against every pool, `episodes`
+    /// docs/environments.md's baseline table: every policy against every pool, `episodes`
     /// sessions each (seeds `first_seed..`), as markdown.
     pub fn markdown_table(&self, episodes: usize, first_seed: u64) -> anyhow::Result<String> {
         let mut out = String::from(
