@@ -4,6 +4,7 @@
 mod util;
 
 mod continuation;
+mod dataset;
 mod distributed;
 mod docs;
 mod docs_commands;

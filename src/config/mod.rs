@@ -61,8 +61,8 @@ documented! {
 /// numbers.
 ///
 /// The resolved config is written to `RUN_DIR/config.toml` with its relative paths
-/// (`run.output_dir`, `model.adapter`, `sft.path`, and `model.name` when it is a local
-/// path) rewritten relative to the run directory and marked so (`run.paths_relative_to
+/// (`run.output_dir`, `model.adapter`, `sft.path`, `model.name` when it is a local
+/// path, and environment options that name files, such as a dataset's `path`) rewritten relative to the run directory and marked so (`run.paths_relative_to
 /// = "config_dir"`): the file names no path of the machine it ran on, and `--resume
 /// RUN_DIR` or `--config RUN_DIR/config.toml` works from any directory.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
@@ -105,18 +105,21 @@ impl Config {
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("reading config {}", path.display()))?;
         let origin = path.display().to_string();
-        let cfg = Self::from_toml_str(&text, &origin, sets)?;
-        if cfg.run.paths_relative_to != PathsBase::ConfigDir {
-            return Ok(cfg);
+        let src = Source {
+            path: &origin,
+            text: &text,
+        };
+        let raw: Config = toml::from_str(&text).map_err(|e| de_error(&src, &e))?;
+        if raw.run.paths_relative_to != PathsBase::ConfigDir {
+            return Self::from_toml_str(&text, &origin, sets);
         }
+        // Resolved before validating: checking `[env.options]` opens the files they
+        // name (a dataset), which are relative to this directory, not the current one.
         let dir = path.parent().filter(|d| !d.as_os_str().is_empty());
         let dir = real_path(dir.unwrap_or(Path::new(".")));
-        let mut file = Self::from_toml_str(&text, &origin, &[])?;
+        let mut file = raw;
         file.resolve_paths(&dir);
         file.run.paths_relative_to = PathsBase::Cwd;
-        if sets.is_empty() {
-            return Ok(file);
-        }
         Self::from_toml_str(&file.to_toml_string()?, &origin, sets)
     }
 
@@ -140,6 +143,7 @@ impl Config {
         if let Some(p) = c.sft.as_mut().and_then(|s| s.path.as_mut()) {
             *p = rel(p);
         }
+        c.map_env_paths(|p| rel(p));
         c.run.paths_relative_to = PathsBase::ConfigDir;
         c.to_toml_string()
     }

@@ -66,6 +66,27 @@ impl Config {
         if let Some(p) = self.sft.as_mut().and_then(|s| s.path.as_mut()) {
             *p = abs(p);
         }
+        self.map_env_paths(abs);
+    }
+
+    /// Apply `f` to every environment option that names a file (a dataset's `path`),
+    /// in `[env.options]` and in each stage's `[stage.options.ENV]`.
+    pub(super) fn map_env_paths(&mut self, f: impl Fn(&Path) -> PathBuf) {
+        let fix = |name: &str, opts: &mut toml::Table| {
+            for key in crate::envs::dataset::path_options(name) {
+                if let Some(toml::Value::String(s)) = opts.get_mut(*key) {
+                    *s = f(Path::new(s.as_str())).display().to_string();
+                }
+            }
+        };
+        if let Some(env) = self.env.as_mut() {
+            fix(&env.name, &mut env.options);
+        }
+        for stage in &mut self.stages {
+            for (name, opts) in &mut stage.options {
+                fix(name, opts);
+            }
+        }
     }
 }
 

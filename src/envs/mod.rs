@@ -85,6 +85,8 @@
 
 pub mod behaviour;
 pub mod contest;
+pub mod countdown;
+pub mod dataset;
 pub mod merge_ring;
 pub mod postmortem;
 pub mod remote;
@@ -433,6 +435,16 @@ pub static REGISTRY: &[EnvEntry] = &[
         summary: "information triage among witnesses, relays and liars",
         create: Some(whispers::factory),
     },
+    EnvEntry {
+        name: countdown::NAME,
+        summary: "reach a target from given numbers with + - × ÷ (TinyZero's task)",
+        create: Some(countdown::factory),
+    },
+    EnvEntry {
+        name: dataset::NAME,
+        summary: "your prompts (JSONL) with verifiable answers, scored by verifiers",
+        create: Some(dataset::factory),
+    },
 ];
 
 /// Every registered name, in registry order.
@@ -582,9 +594,16 @@ mod tests {
     fn registry_is_one_table() {
         assert_eq!(
             names(),
-            ["ticketmelt", "merge_ring", "postmortem", "whispers"]
+            [
+                "ticketmelt",
+                "merge_ring",
+                "postmortem",
+                "whispers",
+                "countdown",
+                "dataset"
+            ]
         );
-        for e in REGISTRY {
+        for e in REGISTRY.iter().filter(|e| e.name != dataset::NAME) {
             match create(e.name, &Options::new()) {
                 Ok(f) => {
                     assert!(e.built());
@@ -597,6 +616,12 @@ mod tests {
                 }
             }
         }
+        // a dataset has nothing to play without its file
+        let err = create("dataset", &Options::new())
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(err.contains("`path` is required"), "{err}");
         let err = create("nope", &Options::new()).err().unwrap().to_string();
         assert!(err.contains("known: ticketmelt, merge_ring"), "{err}");
         assert_eq!(tools::list().lines().count(), REGISTRY.len());
