@@ -18,6 +18,16 @@ pub enum Extract {
 impl Extract {
     pub const NAMES: &'static [&'static str] = &["completion", "answer_tag", "boxed", "last_line"];
 
+    /// The config's name of this extraction.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::Completion => "completion",
+            Self::AnswerTag => "answer_tag",
+            Self::Boxed => "boxed",
+            Self::LastLine => "last_line",
+        }
+    }
+
     pub fn from_name(name: &str) -> Option<Self> {
         Some(match name {
             "completion" => Self::Completion,
@@ -82,11 +92,13 @@ fn balanced(s: &str) -> Option<usize> {
     None
 }
 
-/// A number written in text: `[sign] digits [, ddd]* [. digits]`, optionally `/ digits`
-/// right after (a fraction). The sign (`-`, `+` or the unicode minus `−`) counts unless
-/// it follows a letter, a digit or a closing bracket, so `2-3` and `(2)-3` hold 2 and
-/// 3, not -3, while `<answer>-64` and `= -1` hold negatives. A comma groups thousands
-/// only when exactly three digits follow it.
+/// A number written in text: `[sign] [$] digits [, ddd]* [. digits] [e[±]digits]`
+/// (or `.digits`), optionally `/ number` right after (a fraction); or a LaTeX fraction
+/// `\frac{a}{b}` (also `\dfrac`, `\tfrac`, and `\frac12`). The sign (`-`, `+` or
+/// the unicode minus `−`) counts unless it follows an ASCII letter, a digit or a
+/// closing bracket, so `2-3` and `(2)-3` hold 2 and 3, not -3, while `<answer>-64`,
+/// `= -1` and `答案是−3` hold negatives. A comma groups thousands only when exactly
+/// three digits follow it.
 #[derive(Debug, Clone, Copy, PartialEq)]
 struct Found {
     value: f64,
@@ -109,33 +121,41 @@ pub fn numbers(text: &str) -> Vec<f64> {
     out
 }
 
-/// The number a completion answers with: inside the last `\boxed{}` if there is one,
-/// else the first number after the last `####`, else the last number of the text.
+/// The number a completion answers with, by the first rule that finds one: the last
+/// number inside the last `\boxed{}`; the first number after the last `####`; the
+/// last number of the text.
 pub fn answer_number(text: &str) -> Option<f64> {
-    if let Some(b) = last_boxed(text) {
-        return numbers(b).last().copied();
-    }
-    if let Some(at) = text.rfind("####") {
-        return numbers(&text[at + 4..]).first().copied();
-    }
-    numbers(text).last().copied()
+    let boxed = last_boxed(text).and_then(|b| numbers(b).last().copied());
+    let marked = || {
+        let at = text.rfind("####")?;
+        numbers(&text[at + 4..]).first().copied()
+    };
+    boxed
+        .or_else(marked)
+        .or_else(|| numbers(text).last().copied())
 }
 
 fn number_at(text: &str, i: usize) -> Option<Found> {
     let rest = &text[i..];
-    let (negative, skip) = match rest.chars().next()? {
-        '-' | '\u{2212}' if sign_allowed(text, i) => (true, rest.chars().next()?.len_utf8()),
-        '+' if sign_allowed(text, i) => (false, 1),
-        c if c.is_ascii_digit() => (false, 0),
+    let first = rest.chars().next()?;
+    let (negative, mut at) = match first {
+        '-' | '\u{2212}' | '+' if sign_allowed(text, i) => (first != '+', i + first.len_utf8()),
+        c if c.is_ascii_digit() || c == '.' || c == '\\' => (false, i),
         _ => return None,
     };
-    if i > 0 && skip == 0 && text[..i].ends_with(|c: char| c.is_ascii_digit()) {
+    if at == i && text[..i].ends_with(|c: char| c.is_ascii_digit() || c == '.') {
         return None;
     }
-    let (mut value, mut end) = unsigned(text, i + skip)?;
+    if text[at..].starts_with('$') {
+        at += 1;
+    }
+    let (mut value, mut end) = match latex_fraction(text, at) {
+        Some(f) => (f.value, f.end),
+        None => unsigned(text, at)?,
+    };
     if let Some((den, den_end)) = text[end..]
         .strip_prefix('/')
-        .and_then(|_| unsigned_integer(text, end + 1))
+        .and_then(|_| unsigned(text, end + 1))
     {
         if den != 0.0 {
             value /= den;
@@ -152,18 +172,50 @@ fn sign_allowed(text: &str, i: usize) -> bool {
     text[..i]
         .chars()
         .next_back()
-        .is_none_or(|c| !c.is_alphanumeric() && !")]}".contains(c))
+        .is_none_or(|c| !c.is_ascii_alphanumeric() && !")]}".contains(c))
 }
 
-/// Digits with thousands groups and a decimal part, from byte `i`.
+/// `\frac{a}{b}`, `\dfrac{a}{b}`, `\tfrac{a}{b}` (each part one number) or `\frac12`
+/// at byte `i`.
+fn latex_fraction(text: &str, i: usize) -> Option<Found> {
+    let rest = &text[i..];
+    let body = ["\\frac", "\\dfrac", "\\tfrac"]
+        .iter()
+        .find_map(|p| rest.strip_prefix(p))?;
+    let start = text.len() - body.len();
+    let b = body.as_bytes();
+    if b.len() >= 2 && b[0].is_ascii_digit() && b[1].is_ascii_digit() {
+        let den = f64::from(b[1] - b'0');
+        return (den != 0.0).then(|| Found {
+            value: f64::from(b[0] - b'0') / den,
+            end: start + 2,
+        });
+    }
+    let (num, after) = braced_number(text, start)?;
+    let (den, end) = braced_number(text, after)?;
+    (den != 0.0).then_some(Found {
+        value: num / den,
+        end,
+    })
+}
+
+/// `{number}` at byte `i`: its one number and the byte after the `}`.
+fn braced_number(text: &str, i: usize) -> Option<(f64, usize)> {
+    let inner = text[i..].strip_prefix('{')?;
+    let len = balanced(inner)?;
+    let ns = numbers(&inner[..len]);
+    match ns.as_slice() {
+        [x] => Some((*x, i + 1 + len + 1)),
+        _ => None,
+    }
+}
+
+/// Digits with thousands groups, a decimal part and an exponent, from byte `i`.
 fn unsigned(text: &str, i: usize) -> Option<(f64, usize)> {
     let b = text.as_bytes();
     let mut end = digits(b, i);
-    if end == i {
-        return None;
-    }
     let mut plain: String = text[i..end].to_string();
-    while b.get(end) == Some(&b',') && digits(b, end + 1) == end + 4 {
+    while end > i && b.get(end) == Some(&b',') && digits(b, end + 1) == end + 4 {
         plain.push_str(&text[end + 1..end + 4]);
         end += 4;
     }
@@ -172,15 +224,26 @@ fn unsigned(text: &str, i: usize) -> Option<(f64, usize)> {
         plain.push_str(&text[end..frac_end]);
         end = frac_end;
     }
+    if plain.is_empty() || plain == "." {
+        return None;
+    }
+    if let Some(exp_end) = exponent(b, end) {
+        plain.push_str(&text[end..exp_end]);
+        end = exp_end;
+    }
     Some((plain.parse().ok()?, end))
 }
 
-fn unsigned_integer(text: &str, i: usize) -> Option<(f64, usize)> {
-    let end = digits(text.as_bytes(), i);
-    if end == i {
+/// The end of `e[+-]digits` at byte `i`, when no letter or digit follows it.
+fn exponent(b: &[u8], i: usize) -> Option<usize> {
+    if !matches!(b.get(i), Some(b'e' | b'E')) {
         return None;
     }
-    Some((text[i..end].parse().ok()?, end))
+    let signed = matches!(b.get(i + 1), Some(b'+' | b'-'));
+    let start = i + 1 + usize::from(signed);
+    let end = digits(b, start);
+    let clean = b.get(end).is_none_or(|c| !c.is_ascii_alphanumeric());
+    (end > start && clean).then_some(end)
 }
 
 fn digits(b: &[u8], mut i: usize) -> usize {
@@ -228,6 +291,65 @@ mod tests {
             [-64.0, -2.0, -3.0, -5.0]
         );
         assert_eq!(numbers("no digits"), Vec::<f64>::new());
+        // LaTeX fractions, exponents, currency after a sign, a leading point
+        assert_eq!(
+            numbers(r"\frac{1}{2} -\dfrac{3}{4} \tfrac{-6}{3} \frac12"),
+            [0.5, -0.75, -2.0, 0.5]
+        );
+        assert_eq!(numbers(r"\frac{a}{2} \frac{1}{0}"), [2.0, 1.0, 0.0]);
+        assert_eq!(
+            numbers("6.02e23 1e-3 3 eggs 2e5x"),
+            [6.02e23, 0.001, 3.0, 2.0, 5.0]
+        );
+        assert_eq!(numbers("-$5 and .5 and -.25"), [-5.0, 0.5, -0.25]);
+        assert_eq!(numbers("3/1.5 then 1."), [2.0, 1.0]);
+        assert_eq!(
+            numbers("\u{7b54}\u{6848}\u{662f}\u{2212}3 x\u{2212}3"),
+            [-3.0, 3.0]
+        );
+    }
+
+    /// No text makes the reader panic or loop: truncated markers, lone signs,
+    /// multi-byte characters next to every rule's boundary.
+    #[test]
+    fn any_text_reads_without_panicking() {
+        let nasty = [
+            "",
+            "\u{2212}",
+            "5 \u{2212}",
+            "\u{1f389}42\u{1f389}",
+            "####",
+            "1/",
+            "1,",
+            "1.",
+            "/0",
+            "<answer>",
+            "</answer><answer>",
+            "\\boxed{",
+            "\\frac{",
+            "\\frac{1}{",
+            "\\frac1",
+            "-$",
+            "$",
+            "e5",
+            "1e",
+            "1e+",
+            ".",
+            "..5",
+            "\u{2212}.\u{2212}",
+            "{}}{",
+            "\u{ff15}",
+        ];
+        let long = "\\boxed{".repeat(1000) + &"9".repeat(400);
+        for t in nasty.iter().copied().chain([long.as_str()]) {
+            let _ = numbers(t);
+            let _ = answer_number(t);
+            for e in Extract::NAMES {
+                let _ = Extract::from_name(e).unwrap().apply(t);
+            }
+        }
+        // too long for an f64: infinite, so never within a tolerance of a reference
+        assert_eq!(answer_number(&long), Some(f64::INFINITY));
     }
 
     #[test]
@@ -242,5 +364,8 @@ mod tests {
         assert_eq!(answer_number(r"\boxed{}"), None);
         assert_eq!(answer_number("#### none"), None);
         assert_eq!(answer_number("The answer is \u{2212}3."), Some(-3.0));
+        // an empty box falls through to the next rule
+        assert_eq!(answer_number("\\boxed{} so #### 72"), Some(72.0));
+        assert_eq!(answer_number(r"\boxed{\frac{1}{2}}"), Some(0.5));
     }
 }

@@ -115,7 +115,7 @@ impl DatasetFactory {
                 })?,
         };
         let rows = rows::read(&path, &layout)?;
-        check_row_schemas(&path, &rows, &verifiers)?;
+        check_rows(&path, &rows, &verifiers)?;
         let (train, held_out) = rows::split(&rows, &split(o)?)?;
         Ok(Self(Arc::new(Shared {
             path,
@@ -222,10 +222,15 @@ fn split(o: &Options) -> Result<Split> {
     }
 }
 
-/// A `json_schema` verifier that reads each row's schema: every row's must be there
-/// and supported, or the file is refused at its line.
-fn check_row_schemas(path: &std::path::Path, rows: &[Row], verifiers: &[Verifier]) -> Result<()> {
+/// Every row can be judged by every verifier: its reference is there and readable
+/// ([`Verifier::check_row`]), and a `json_schema` verifier's per-row schema is there and
+/// supported; else the file is refused at the row's line.
+fn check_rows(path: &std::path::Path, rows: &[Row], verifiers: &[Verifier]) -> Result<()> {
     for v in verifiers {
+        for r in rows {
+            v.check_row(&r.fields)
+                .with_context(|| format!("{} line {}", path.display(), r.line))?;
+        }
         let Check::JsonSchema {
             schema_key: Some(key),
             ..
@@ -330,7 +335,11 @@ impl Environment for Episode {
         let found = acc.extract.apply(&actions[0]).is_some();
         let feedback = match found {
             true => String::new(),
-            false => format!("no answer found for `{}` ({:?})", acc.name, acc.extract),
+            false => format!(
+                "no answer found for `{}` (extract = {})",
+                acc.name,
+                acc.extract.name()
+            ),
         };
         out.push(0, self.reward(0).scalar, found, feedback);
         Ok(out)
@@ -459,6 +468,7 @@ impl Tools for DatasetFactory {
             "held_out" => HELD_OUT_BIT,
             _ => bail!("unknown dataset pool `{pool}`; known: train, held_out"),
         };
+        // rows are played from the first of the side, whatever `first_seed`
         let _ = first_seed;
         let n = episodes.min(match side {
             0 => self.0.train.len(),

@@ -17,8 +17,8 @@ pub struct Row {
     pub demonstration: Option<String>,
     /// Every field of the line (references, ids, schemas).
     pub fields: serde_json::Map<String, Value>,
-    /// A hash of the prompt field as written (before `system` is added): which side
-    /// of a fractional split the row falls on.
+    /// A hash of the prompt's messages (without a trailing assistant turn, before
+    /// `system` is added): which side of a fractional split the row falls on.
     pub key: u64,
 }
 
@@ -73,7 +73,6 @@ fn row(line: usize, fields: serde_json::Map<String, Value>, layout: &Layout) -> 
     let raw = fields
         .get(key)
         .with_context(|| format!("no `{key}` field (the prompt: a string or a message list)"))?;
-    let key_hash = fnv1a(&raw.to_string());
     let mut prompt = match raw {
         Value::String(s) => vec![Message::user(s.clone())],
         Value::Array(_) => {
@@ -84,11 +83,16 @@ fn row(line: usize, fields: serde_json::Map<String, Value>, layout: &Layout) -> 
         _ => bail!("`{key}` must be a string or a list of messages"),
     };
     // a conversation that ends with the assistant's turn carries its demonstration
-    let mut last_turn = None;
+    let mut last_turn: Option<String> = None;
     while prompt.last().is_some_and(|m| m.role == "assistant") {
-        last_turn = prompt.pop().map(|m| m.content);
+        let turn = prompt.pop().map(|m| m.content);
+        // the final message is the demonstration; earlier trailing turns are dropped
+        last_turn = last_turn.or(turn);
     }
     check_messages(&prompt).with_context(|| format!("`{key}`"))?;
+    // the question as asked, in either layout: demonstrations and `system` do not move
+    // a row across the split
+    let key_hash = fnv1a(&serde_json::to_string(&prompt)?);
     if let Some(system) = &layout.system {
         if prompt.first().is_none_or(|m| m.role != "system") {
             prompt.insert(0, Message::system(system.clone()));

@@ -35,9 +35,11 @@ const ANNOTATIONS: &[&str] = &[
     "description",
     "default",
     "examples",
+    // an annotation unless a validator opts in to assert it (JSON Schema 2019-09 on)
+    "format",
 ];
 
-/// A schema checked for the subset, with its `pattern`s compiled.
+/// A schema checked for the subset (its `pattern`s compile).
 #[derive(Debug, Clone)]
 pub struct Schema(Value);
 

@@ -215,6 +215,26 @@ fn a_fractional_split_keeps_each_row_on_its_side() {
 }
 
 #[test]
+fn a_question_keeps_its_side_whatever_its_demonstration_or_layout() {
+    let mut text = String::new();
+    for i in 0..100 {
+        let q = format!("question {i}");
+        text += &format!("{{\"prompt\": {q:?}, \"answer\": \"1\"}}\n");
+        text += &format!(
+            "{{\"messages\": [{{\"role\": \"user\", \"content\": {q:?}}}, \
+             {{\"role\": \"assistant\", \"content\": \"demo {i}\"}}], \"answer\": \"1\"}}\n"
+        );
+    }
+    let (_d, p) = write(&text);
+    let f = factory_of(&p, "verifier = 'exact'\nheld_out = 0.3");
+    let side = |i: usize| f.0.held_out.contains(&i);
+    for i in 0..100 {
+        assert_eq!(side(2 * i), side(2 * i + 1), "question {i}");
+    }
+    assert!(f.0.held_out.len() > 20 && f.0.train.len() > 100);
+}
+
+#[test]
 fn seeds_pick_rows_from_their_side() {
     let (_d, p) = write(&numbered(0..50));
     let f = factory_of(&p, "verifier = 'exact'\nheld_out = 0.3");
@@ -237,7 +257,15 @@ fn seeds_pick_rows_from_their_side() {
 
 #[test]
 fn the_episode_scores_every_verifier_and_weights_them() {
-    let (_d, p) = write(ROWS);
+    // the rows with numbers for answers (a numeric verifier refuses "Paris" at load)
+    let numeric: String = ROWS
+        .lines()
+        .filter(|l| !l.contains("Paris"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    let e = error_of(&write(ROWS).1, "split_key = 'split'\nverifier = 'numeric'");
+    assert!(e.contains("line 4") && e.contains("\"Paris\""), "{e}");
+    let (_d, p) = write(&numeric);
     let f = factory_of(
         &p,
         "split_key = 'split'\nreward_weights = [1.0, 0.25]\naccuracy = 'correct'\n\
@@ -258,7 +286,7 @@ fn the_episode_scores_every_verifier_and_weights_them() {
     assert_eq!(r.components["format"], 1.0);
     assert_eq!(r.components["correct"], 1.0);
     let t = env.transcript();
-    assert_eq!((t["line"].as_u64(), t["id"].as_str()), (Some(5), Some("d")));
+    assert_eq!((t["line"].as_u64(), t["id"].as_str()), (Some(4), Some("d")));
     assert_eq!(t["held_out"], true);
     assert_eq!(t["scores"]["correct"], 1.0);
     let again = replay(&f, &t).unwrap();

@@ -45,13 +45,15 @@ pub enum Check {
         schema_key: Option<String>,
     },
     /// The answer's choice letter equals the reference's (a letter, or a 0-based index).
-    /// The letter is the last of `answer is X` / `answer: X` / `answer X` (keyword in
-    /// any case, `X` an uppercase letter of `letters`, optionally in parentheses);
-    /// else the whole answer when it is one letter with optional `()` and `.`; else
-    /// the last `(X)`.
+    /// `X` is an uppercase letter of `letters`; the first rule that finds one decides:
+    /// the last `answer`/`option`/`choice` (any case), optionally `is` or `:`, then
+    /// `X`, which may be wrapped in `( )`, `**`, `$` or `\boxed{ }` / `\text{ }`; an
+    /// answer that starts with `X)`, `X.` or `X:` (`B) 42`, `(B) Paris`); the whole
+    /// answer when it is one letter with optional `()` and `.`; the last `(X)`.
     Choice {
         letters: String,
         stated: regex::Regex,
+        leading: regex::Regex,
         paren: regex::Regex,
     },
     /// The reference (or the verifier's fixed `text`) occurs in the answer, both
@@ -111,8 +113,9 @@ impl Verifier {
             Check::Choice {
                 letters,
                 stated,
+                leading,
                 paren,
-            } => choice(answer, letters, stated, paren).is_some_and(|got| {
+            } => choice(answer, letters, [stated, leading], paren).is_some_and(|got| {
                 reference.and_then(|r| reference_letter(r, letters)) == Some(got)
             }),
             Check::Contains {
@@ -124,9 +127,10 @@ impl Verifier {
                     Some(t) => vec![t.clone()],
                     None => references(reference),
                 };
-                needles
-                    .iter()
-                    .any(|n| hay.contains(&normalise(n, *case_sensitive, false)))
+                needles.iter().any(|n| {
+                    let n = normalise(n, *case_sensitive, false);
+                    !n.is_empty() && hay.contains(&n)
+                })
             }
         };
         if ok {
@@ -134,6 +138,30 @@ impl Verifier {
         } else {
             0.0
         }
+    }
+
+    /// Why this verifier cannot judge answers to `row`: its reference field is missing,
+    /// empty, or not what its kind reads (no number for `numeric`, no letter or index
+    /// for `choice`). Checked for every row when the dataset loads, so a misnamed
+    /// `answer_key` is an error, not a reward of 0 everywhere.
+    pub fn check_row(&self, row: &serde_json::Map<String, Value>) -> Result<()> {
+        if !self.check.needs_reference() {
+            return Ok(());
+        }
+        let (name, field) = (&self.name, &self.reference);
+        let r = row
+            .get(field)
+            .with_context(|| format!("no `{field}` field (the reference of verifier `{name}`)"))?;
+        let readable = match &self.check {
+            Check::Numeric { .. } => !numeric_references(Some(r)).is_empty(),
+            Check::Choice { letters, .. } => reference_letter(r, letters).is_some(),
+            _ => references(Some(r)).iter().any(|x| !x.trim().is_empty()),
+        };
+        anyhow::ensure!(
+            readable,
+            "`{field}` = {r} is not a reference verifier `{name}` can read"
+        );
+        Ok(())
     }
 
     /// A verifier from its config table (`[[env.options.verifiers]]`), or a bare kind
@@ -221,10 +249,11 @@ fn check_from(kind: &str, t: &toml::Table) -> Result<Check> {
                 "`letters` must be uppercase ASCII letters, got {letters:?}"
             );
             let stated = format!(
-                r"(?i:answer)\s*(?:(?i:is)|:)?\s*:?\s*\(?([{letters}])\)?(?:[^A-Za-z0-9]|$)"
+                r"(?i:answer|option|choice)\s*(?:(?i:is)|:)?[\s:*$]*(?:\\(?:boxed|text|textbf|mathrm)\{{)?\(?\**([{letters}])\**\)?(?:[^A-Za-z0-9]|$)"
             );
             Check::Choice {
                 stated: regex::Regex::new(&stated)?,
+                leading: regex::Regex::new(&format!(r"\A\s*\(?([{letters}])[).:]"))?,
                 paren: regex::Regex::new(&format!(r"\(([{letters}])\)"))?,
                 letters,
             }
@@ -314,7 +343,15 @@ fn numeric(answer: &str, reference: Option<&Value>, tolerance: f64, relative: f6
     let Some(got) = answer_number(answer) else {
         return false;
     };
-    let wanted: Vec<f64> = match reference {
+    numeric_references(reference)
+        .iter()
+        .any(|w| (got - w).abs() <= tolerance.max(relative * w.abs()))
+}
+
+/// The numbers a reference accepts: a number, a string read as answers are, or a list
+/// of those.
+fn numeric_references(reference: Option<&Value>) -> Vec<f64> {
+    match reference {
         Some(Value::Number(n)) => n.as_f64().into_iter().collect(),
         Some(Value::Array(a)) => a
             .iter()
@@ -322,10 +359,7 @@ fn numeric(answer: &str, reference: Option<&Value>, tolerance: f64, relative: f6
             .collect(),
         Some(Value::String(s)) => answer_number(s).into_iter().collect(),
         _ => Vec::new(),
-    };
-    wanted
-        .iter()
-        .any(|w| (got - w).abs() <= tolerance.max(relative * w.abs()))
+    }
 }
 
 fn json_schema(
@@ -369,7 +403,7 @@ fn unfence(answer: &str) -> &str {
 fn choice(
     answer: &str,
     letters: &str,
-    stated: &regex::Regex,
+    first: [&regex::Regex; 2],
     paren: &regex::Regex,
 ) -> Option<char> {
     let last = |re: &regex::Regex| {
@@ -378,7 +412,7 @@ fn choice(
             .and_then(|c| c.get(1))
             .and_then(|m| m.as_str().chars().next())
     };
-    if let Some(c) = last(stated) {
+    if let Some(c) = first.into_iter().find_map(last) {
         return Some(c);
     }
     let bare = answer.trim().trim_matches(|c| "().".contains(c)).trim();
@@ -571,8 +605,91 @@ schema = { type = 'object', required = ['city'], properties = { city = { type = 
             ),
             [1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 0.0, 1.0, 0.0, 0.0, 0.0]
         );
+        // the forms chat models write
+        assert_eq!(
+            scores(
+                &v,
+                &r,
+                &[
+                    "**Answer:** B",
+                    "The answer is **B**",
+                    "The answer is $\\boxed{B}$",
+                    "B) 42",
+                    "(B) Paris",
+                    "B. Paris",
+                    "The correct option is B",
+                    "Answer: \\text{B}",
+                    "A) 41 is wrong; the answer is B",
+                ]
+            ),
+            [1.0; 9]
+        );
         let by_index = row(json!({"answer": 2}));
         assert_eq!(scores(&v, &by_index, &["C", "B"]), [1.0, 0.0]);
+    }
+
+    #[test]
+    fn numeric_marker_and_fraction_rules() {
+        let v = verifier("kind = 'numeric'");
+        let half = row(json!({"answer": "\\frac{1}{2}"}));
+        assert_eq!(
+            scores(
+                &v,
+                &half,
+                &[
+                    r"\boxed{\frac{1}{2}}",
+                    r"\boxed{0.5}",
+                    r"\boxed{\frac{3}{2}}",
+                    "2"
+                ]
+            ),
+            [1.0, 1.0, 0.0, 0.0]
+        );
+        let r = row(json!({"answer": 72}));
+        assert_eq!(
+            scores(
+                &v,
+                &r,
+                &[
+                    r"\boxed{} ... #### 72",
+                    "<answer>72</answer> then I also tried 5",
+                    "The answer is 72. Hope this helps with step 2.",
+                ]
+            ),
+            // the last number decides when no marker is there: use `extract`
+            [1.0, 0.0, 0.0]
+        );
+        let tagged = verifier("kind = 'numeric'\nextract = 'answer_tag'");
+        assert_eq!(
+            tagged.score("<answer>72</answer> then I also tried 5", &r),
+            1.0
+        );
+    }
+
+    #[test]
+    fn rows_without_a_readable_reference_are_refused() {
+        let refuse = |v: &Verifier, r: Value| v.check_row(&row(r)).unwrap_err().to_string();
+        let numeric = verifier("kind = 'numeric'");
+        assert!(refuse(&numeric, json!({"solution": "5"})).contains("no `answer` field"));
+        assert!(
+            refuse(&numeric, json!({"answer": "five"})).contains("cannot read")
+                || refuse(&numeric, json!({"answer": "five"})).contains("can read")
+        );
+        assert!(numeric
+            .check_row(&row(json!({"answer": ["x", "#### 3"]})))
+            .is_ok());
+        let choice = verifier("kind = 'choice'");
+        assert!(refuse(&choice, json!({"answer": "B. Paris"})).contains("`answer` = \"B. Paris\""));
+        assert!(refuse(&choice, json!({"answer": 7})).contains("choice"));
+        assert!(choice.check_row(&row(json!({"answer": "b"}))).is_ok());
+        let contains = verifier("kind = 'contains'");
+        assert!(refuse(&contains, json!({"answer": " "})).contains("can read"));
+        assert_eq!(contains.score("anything", &row(json!({"answer": ""}))), 0.0);
+        let fixed = verifier("kind = 'contains'\ntext = 'x'");
+        assert!(
+            fixed.check_row(&row(json!({}))).is_ok(),
+            "needs no reference"
+        );
     }
 
     #[test]
