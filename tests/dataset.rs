@@ -1,25 +1,7 @@
 //! Your own task: the dataset quickstart (a JSONL file with reference answers, two
 //! verifiers) end to end on the tiny model: SFT from the rows' completions, GRPO, eval,
 //! plot, and a run directory whose recorded config finds the file from where it stands.
-use crate::util::concord_ok;
-use std::path::Path;
-
-fn read_csv(p: &Path) -> (Vec<String>, Vec<Vec<String>>) {
-    let text = std::fs::read_to_string(p).unwrap();
-    let mut lines = text.lines();
-    let header = lines
-        .next()
-        .unwrap()
-        .split(',')
-        .map(str::to_string)
-        .collect();
-    (
-        header,
-        lines
-            .map(|l| l.split(',').map(str::to_string).collect())
-            .collect(),
-    )
-}
+use crate::util::{concord_ok, read_csv};
 
 #[test]
 fn dataset_quickstart_trains_evaluates_and_plots() {

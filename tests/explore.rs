@@ -1,5 +1,6 @@
 //! Groups that carry a signal: `[env] contested` draws decisions whose action matters,
 //! and a run's held-out curve starts at step 0.
+use crate::util::{column, read_csv};
 use concord::config::Config;
 use concord::envs::contest::{action_spread, sample_contested};
 use concord::envs::{create, sample_decision, score_decision, training_seed, ContestRule};
@@ -121,26 +122,6 @@ fn contested_config_errors_name_the_key() {
     let w = parse("name = \"whispers\"\ncontested = true\n").unwrap();
     let e = concord::curriculum::build(&w).err().unwrap().to_string();
     assert!(e.contains("contested") && e.contains("whispers"), "{e}");
-}
-
-fn read_csv(path: &Path) -> (Vec<String>, Vec<Vec<String>>) {
-    let text = std::fs::read_to_string(path).unwrap();
-    let mut lines = text.lines();
-    let header: Vec<String> = lines.next().unwrap().split(',').map(String::from).collect();
-    (
-        header,
-        lines
-            .map(|l| l.split(',').map(String::from).collect())
-            .collect(),
-    )
-}
-
-fn column(h: &[String], rows: &[Vec<String>], name: &str) -> Vec<f64> {
-    let i = h
-        .iter()
-        .position(|c| c == name)
-        .unwrap_or_else(|| panic!("no {name}"));
-    rows.iter().map(|r| r[i].parse().unwrap()).collect()
 }
 
 /// The quickstart with `contested`: its three columns are logged, and the held-out

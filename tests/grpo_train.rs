@@ -1,6 +1,7 @@
 //! The GRPO loop on a tiny random Qwen2 (no tokenizer, no download): LoRA gradient vs
 //! finite differences, learnability on a toy reward (and its sign-flipped control),
 //! NaN-skip and resume equivalence.
+use crate::util::{column, read_csv};
 use candle_core::{DType, Device, Tensor};
 use concord::config::{Config, EnvConfig, LossType, Schedule};
 use concord::envs::Reward;
@@ -109,24 +110,6 @@ fn trainer(cfg: Config, dropout: f64, resume: bool) -> Trainer {
     .unwrap();
     t.quiet = true;
     t
-}
-
-fn read_csv(path: &Path) -> (Vec<String>, Vec<Vec<String>>) {
-    let text = std::fs::read_to_string(path).unwrap();
-    let mut lines = text.lines();
-    let header: Vec<String> = lines.next().unwrap().split(',').map(String::from).collect();
-    let rows = lines
-        .map(|l| l.split(',').map(String::from).collect())
-        .collect();
-    (header, rows)
-}
-
-fn column(header: &[String], rows: &[Vec<String>], name: &str) -> Vec<f64> {
-    let i = header
-        .iter()
-        .position(|h| h == name)
-        .unwrap_or_else(|| panic!("no column {name}"));
-    rows.iter().map(|r| r[i].parse::<f64>().unwrap()).collect()
 }
 
 fn lora_snapshot(m: &Transformer) -> Vec<Vec<f32>> {

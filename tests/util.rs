@@ -1,5 +1,6 @@
 //! Helpers shared by the integration tests.
 use candle_core::{DType, Tensor};
+use std::path::Path;
 use std::process::Command;
 
 /// Largest absolute element (in f32).
@@ -57,4 +58,24 @@ pub fn hidden256() -> concord::model::ArchConfig {
         head_dim: 64,
         ..concord::model::ArchConfig::tiny()
     }
+}
+
+/// A CSV log (no quoted fields): its header and rows.
+pub fn read_csv(path: &Path) -> (Vec<String>, Vec<Vec<String>>) {
+    let text = std::fs::read_to_string(path).unwrap();
+    let mut lines = text.lines();
+    let header: Vec<String> = lines.next().unwrap().split(',').map(String::from).collect();
+    let rows = lines
+        .map(|l| l.split(',').map(String::from).collect())
+        .collect();
+    (header, rows)
+}
+
+/// Column `name` of a CSV log as numbers.
+pub fn column(header: &[String], rows: &[Vec<String>], name: &str) -> Vec<f64> {
+    let i = header
+        .iter()
+        .position(|h| h == name)
+        .unwrap_or_else(|| panic!("no column {name}"));
+    rows.iter().map(|r| r[i].parse::<f64>().unwrap()).collect()
 }
