@@ -73,7 +73,7 @@ impl Config {
     /// in `[env.options]` and in each stage's `[stage.options.ENV]`.
     pub(super) fn map_env_paths(&mut self, f: impl Fn(&Path) -> PathBuf) {
         let fix = |name: &str, opts: &mut toml::Table| {
-            for key in crate::envs::dataset::path_options(name) {
+            for key in crate::envs::path_options(name) {
                 if let Some(toml::Value::String(s)) = opts.get_mut(*key) {
                     *s = f(Path::new(s.as_str())).display().to_string();
                 }

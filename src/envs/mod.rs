@@ -403,6 +403,9 @@ pub struct EnvEntry {
     pub summary: &'static str,
     /// None for environments that are registered but not built into this version.
     pub create: Option<Constructor>,
+    /// Options that name files (a dataset's `path`): a config resolves them like its
+    /// own path keys, and a run's recorded config writes them relative to the run.
+    pub path_options: &'static [&'static str],
 }
 
 impl EnvEntry {
@@ -419,31 +422,37 @@ pub static REGISTRY: &[EnvEntry] = &[
         name: ticketmelt::NAME,
         summary: "four engineers deploy fixes to two shared prod servers",
         create: Some(ticketmelt::factory),
+        path_options: &[],
     },
     EnvEntry {
         name: merge_ring::NAME,
         summary: "vehicles on a ring signal, then commit to merge slots",
         create: Some(merge_ring::factory),
+        path_options: &[],
     },
     EnvEntry {
         name: postmortem::NAME,
         summary: "write an incident post-mortem from logs and Slack",
         create: Some(postmortem::factory),
+        path_options: &[],
     },
     EnvEntry {
         name: whispers::NAME,
         summary: "information triage among witnesses, relays and liars",
         create: Some(whispers::factory),
+        path_options: &[],
     },
     EnvEntry {
         name: countdown::NAME,
         summary: "reach a target from given numbers with + - × ÷ (TinyZero's task)",
         create: Some(countdown::factory),
+        path_options: &[],
     },
     EnvEntry {
         name: dataset::NAME,
         summary: "your prompts (JSONL) with verifiable answers, scored by verifiers",
         create: Some(dataset::factory),
+        path_options: &["path"],
     },
 ];
 
@@ -455,6 +464,11 @@ pub fn names() -> Vec<&'static str> {
 /// The registry row of `name`.
 pub fn entry(name: &str) -> Option<&'static EnvEntry> {
     REGISTRY.iter().find(|e| e.name == name)
+}
+
+/// The options of environment `name` that name files ([`EnvEntry::path_options`]).
+pub fn path_options(name: &str) -> &'static [&'static str] {
+    entry(name).map_or(&[], |e| e.path_options)
 }
 
 /// Build the factory for a registry name with its options.

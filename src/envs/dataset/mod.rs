@@ -30,15 +30,6 @@ use std::sync::Arc;
 
 pub const NAME: &str = "dataset";
 
-/// The options of environment `name` that name files: resolved like the config's own
-/// path keys (against the current directory, or a recorded run config's directory).
-pub fn path_options(name: &str) -> &'static [&'static str] {
-    match name {
-        NAME => &["path"],
-        _ => &[],
-    }
-}
-
 /// Every option key, for the unknown-key error.
 const KEYS: &[&str] = &[
     "path",
