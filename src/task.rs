@@ -59,6 +59,13 @@ pub trait Task {
     fn prompts(&mut self, seed: u64, n: usize, renderer: &dyn Renderer) -> Result<Vec<TaskPrompt>>;
     /// Reward of one completion of `prompt`.
     fn score(&self, prompt: &TaskPrompt, completion: &Completion) -> Result<Reward>;
+    /// Called with every completion of a step before [`Task::score`] takes them one
+    /// by one: rewards an outside program computes are asked for in one exchange
+    /// ([`envs::batch`]). Default: nothing to do.
+    fn prefetch(&self, prompts: &[TaskPrompt], samples: &[Vec<Completion>]) -> Result<()> {
+        let _ = (prompts, samples);
+        Ok(())
+    }
     /// Every reward component name the task can produce (the log's columns); empty:
     /// take them from the first step.
     fn component_names(&self) -> Vec<String> {
@@ -179,6 +186,9 @@ impl Task for EnvTask {
         self.factory.name().to_string()
     }
     fn component_names(&self) -> Vec<String> {
+        if let Some(names) = self.factory.component_names() {
+            return names;
+        }
         if !self.factory.scripted() {
             // a server's reward has its components from the start
             let env = self.factory.reset(0);
@@ -216,6 +226,9 @@ impl Task for EnvTask {
             .context("prompt state is not an environment decision")?;
         Ok(envs::score_decision(d, &completion.text))
     }
+    fn prefetch(&self, prompts: &[TaskPrompt], samples: &[Vec<Completion>]) -> Result<()> {
+        prefetch_decisions(prompts.iter().zip(samples))
+    }
     fn model_continued<'a>(&self, prompt: &'a TaskPrompt) -> Option<&'a envs::Decision> {
         match self.continue_with {
             ContinueWith::Model => prompt.state.downcast_ref::<envs::Decision>(),
@@ -244,6 +257,24 @@ impl Task for EnvTask {
         }
         Ok(())
     }
+}
+
+/// [`Task::prefetch`] of decision prompts (a mixture's prompts are looked into).
+fn prefetch_decisions<'a>(
+    groups: impl Iterator<Item = (&'a TaskPrompt, &'a Vec<Completion>)>,
+) -> Result<()> {
+    let mut answers = Vec::new();
+    for (p, comps) in groups {
+        let inner = p.state.downcast_ref::<Tagged>().map_or(p, |t| &t.inner);
+        if let Some(d) = inner.state.downcast_ref::<envs::Decision>() {
+            answers.extend(
+                comps
+                    .iter()
+                    .map(|c| (d.env.as_ref(), d.seat, c.text.as_str())),
+            );
+        }
+    }
+    envs::batch::prefetch(answers)
 }
 
 /// A decision as a prompt: its observation rendered.
@@ -337,6 +368,10 @@ impl Task for MixtureTask {
             .downcast_ref::<Tagged>()
             .context("prompt state is not a mixture prompt")?;
         self.envs[t.env].0.score(&t.inner, completion)
+    }
+
+    fn prefetch(&self, prompts: &[TaskPrompt], samples: &[Vec<Completion>]) -> Result<()> {
+        prefetch_decisions(prompts.iter().zip(samples))
     }
 
     fn env_of(&self, prompt: &TaskPrompt) -> String {

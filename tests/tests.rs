@@ -26,6 +26,7 @@ mod postmortem;
 mod published_runs;
 mod quant_base;
 mod reliability;
+mod reward_program;
 mod sample_model;
 mod serve;
 mod sft;

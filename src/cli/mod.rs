@@ -269,6 +269,20 @@ fn shorten(text: &str, head: usize, tail: usize) -> String {
 }
 
 pub fn main() -> i32 {
+    main_with(Vec::new())
+}
+
+/// [`main`] with environments of the caller's own added to the registry first: a
+/// crate of environments builds its own `concord` binary with every command
+/// (`train`, `eval`, `envs`, `serve`, ...) as `fn main() { std::process::exit(
+/// concord::cli::main_with(vec![my_env::entry()])) }` (`examples/own-env/`).
+pub fn main_with(envs: Vec<crate::envs::EnvEntry>) -> i32 {
+    for e in envs {
+        if let Err(e) = crate::envs::register(e) {
+            crate::note!("error: {e:#}");
+            return 1;
+        }
+    }
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => return usage_error(e),

@@ -74,7 +74,16 @@ impl Config {
     pub(super) fn map_env_paths(&mut self, f: impl Fn(&Path) -> PathBuf) {
         let fix = |name: &str, opts: &mut toml::Table| {
             for key in crate::envs::path_options(name) {
-                if let Some(toml::Value::String(s)) = opts.get_mut(*key) {
+                // a dotted key names an option inside a table (`reward.dir`)
+                let mut parts = key.split('.');
+                let first = parts.next().unwrap_or_default();
+                let mut at = opts.get_mut(first);
+                for part in parts {
+                    at = at
+                        .and_then(|v| v.as_table_mut())
+                        .and_then(|t| t.get_mut(part));
+                }
+                if let Some(toml::Value::String(s)) = at {
                     *s = f(Path::new(s.as_str())).display().to_string();
                 }
             }

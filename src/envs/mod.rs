@@ -83,6 +83,7 @@
 //! [`REGISTRY`] is one table of [`EnvEntry`] rows (name, summary, constructor);
 //! [`create`], [`names`] and `concord envs list` all read it.
 
+pub mod batch;
 pub mod behaviour;
 pub mod contest;
 pub mod countdown;
@@ -197,6 +198,13 @@ pub trait Environment: Send {
     fn as_behaviour(&self) -> Option<&dyn Behaviour> {
         None
     }
+    /// Where `seat`'s answer `text` would be scored by an outside program that is
+    /// cheaper asked for a batch at a time ([`batch::prefetch`]); `None` (default): the
+    /// step scores it.
+    fn reward_request(&self, seat: usize, text: &str) -> Option<batch::RewardRequest> {
+        let _ = (seat, text);
+        None
+    }
 }
 
 /// Capability: scripted policies for the environment's seats. Used to finish episodes
@@ -220,6 +228,12 @@ pub trait Scripted: Environment {
     fn answer_texts(&self, seat: usize) -> Vec<String> {
         let _ = seat;
         Vec::new()
+    }
+    /// The steps the continuation policy would play from here to the end, where the
+    /// environment knows without playing them (a dataset row: one, and its reward
+    /// program is not asked); `None` (default): [`sample_decision`] plays a copy.
+    fn continuation_len(&self) -> Option<usize> {
+        None
     }
     /// Play to the end with the continuation policy in every acting seat.
     fn rollout(&mut self) {
@@ -326,6 +340,12 @@ pub trait EnvFactory: Send + Sync {
     fn scripted(&self) -> bool {
         true
     }
+    /// Every reward component its episodes report (the log's columns), where the
+    /// factory knows them without playing; `None` (default): the trainer scores an
+    /// empty answer to a sampled decision to find them.
+    fn component_names(&self) -> Option<Vec<String>> {
+        None
+    }
 }
 
 /// Capability of a factory: what `concord envs` offers beyond playing.
@@ -403,8 +423,9 @@ pub struct EnvEntry {
     pub summary: &'static str,
     /// None for environments that are registered but not built into this version.
     pub create: Option<Constructor>,
-    /// Options that name files (a dataset's `path`): a config resolves them like its
-    /// own path keys, and a run's recorded config writes them relative to the run.
+    /// Options that name files or directories (a dataset's `path`; `reward.dir`, an
+    /// option inside a table): a config resolves them like its own path keys, and a
+    /// run's recorded config writes them relative to the run.
     pub path_options: &'static [&'static str],
 }
 
@@ -452,18 +473,51 @@ pub static REGISTRY: &[EnvEntry] = &[
         name: dataset::NAME,
         summary: "your prompts (JSONL) with verifiable answers, scored by verifiers",
         create: Some(dataset::factory),
-        path_options: &["path"],
+        path_options: &["path", "reward.dir"],
     },
 ];
 
+/// Environments a program built on this library adds to [`REGISTRY`] ([`register`]).
+static REGISTERED: std::sync::RwLock<Vec<&'static EnvEntry>> = std::sync::RwLock::new(Vec::new());
+
+/// Add an environment to the registry, for a program that builds its own `concord`
+/// binary around environments of its own (`concord::cli::main_with`, the example in
+/// `examples/own-env/`): every command then finds it by name, as it finds the built-in
+/// ones. An error when the name is taken or empty.
+pub fn register(entry: EnvEntry) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        !entry.name.is_empty() && !entry.name.contains(char::is_whitespace),
+        "an environment name must be a non-empty word, got `{}`",
+        entry.name
+    );
+    let mut added = REGISTERED.write().unwrap_or_else(|p| p.into_inner());
+    anyhow::ensure!(
+        REGISTRY
+            .iter()
+            .chain(added.iter().copied())
+            .all(|e| e.name != entry.name),
+        "environment `{}` is registered already",
+        entry.name
+    );
+    // registered once per process, at start: a leak of a few words each
+    added.push(Box::leak(Box::new(entry)));
+    Ok(())
+}
+
+/// Every registry row: the built-in ones, then the [`register`]ed ones.
+pub fn entries() -> Vec<&'static EnvEntry> {
+    let added = REGISTERED.read().unwrap_or_else(|p| p.into_inner());
+    REGISTRY.iter().chain(added.iter().copied()).collect()
+}
+
 /// Every registered name, in registry order.
 pub fn names() -> Vec<&'static str> {
-    REGISTRY.iter().map(|e| e.name).collect()
+    entries().into_iter().map(|e| e.name).collect()
 }
 
 /// The registry row of `name`.
 pub fn entry(name: &str) -> Option<&'static EnvEntry> {
-    REGISTRY.iter().find(|e| e.name == name)
+    entries().into_iter().find(|e| e.name == name)
 }
 
 /// The options of environment `name` that name files ([`EnvEntry::path_options`]).

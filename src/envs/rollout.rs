@@ -102,13 +102,22 @@ pub fn play(
                 })
             })
             .collect();
-        let mut texts = policy.act(episodes, &turns)?.into_iter();
+        let texts = policy.act(episodes, &turns)?.into_iter();
         ensure!(
             texts.len() == turns.len(),
             "the policy gave {} actions for {} turns",
             texts.len(),
             turns.len()
         );
+        let texts: Vec<String> = texts.collect();
+        // rewards an outside program computes: one exchange for the round
+        super::batch::prefetch(
+            turns
+                .iter()
+                .zip(&texts)
+                .map(|(t, text)| (&*episodes[t.episode], t.seat, text.as_str())),
+        )?;
+        let mut texts = texts.into_iter();
         let mut at = 0;
         for &i in &pending {
             let n = turns[at..].iter().take_while(|t| t.episode == i).count();
@@ -173,9 +182,14 @@ impl std::fmt::Debug for Decision {
 /// active (all policy seats if none is; `k = 0` if the seat list is empty there).
 pub fn sample_decision(factory: &dyn EnvFactory, seed: u64) -> Decision {
     let base = factory.reset(seed);
-    let mut probe = base.clone_box();
-    // The continuation policy's texts are valid actions: its steps do not fail.
-    let len = play_one(probe.as_mut(), &mut Continuation, 100_000).unwrap_or(0) as usize;
+    let len = match base.as_scripted().and_then(|s| s.continuation_len()) {
+        Some(len) => len,
+        None => {
+            let mut probe = base.clone_box();
+            // The continuation policy's texts are valid actions: its steps do not fail.
+            play_one(probe.as_mut(), &mut Continuation, 100_000).unwrap_or(0) as usize
+        }
+    };
     let (k, pick) = decision_point(seed, len);
     let mut env = base.clone_box();
     let steps = play_one(env.as_mut(), &mut Continuation, k as u64).unwrap_or(0) as usize;
@@ -373,6 +387,11 @@ pub fn score_decisions_with(
 ) -> Result<Vec<Reward>> {
     // A step error is a malformed call or, on a server, a lost connection: never a
     // reward (as in [`play`]).
+    super::batch::prefetch(
+        items
+            .iter()
+            .map(|(d, text)| (d.env.as_ref(), d.seat, *text)),
+    )?;
     let mut envs = items
         .iter()
         .map(|(d, text)| {

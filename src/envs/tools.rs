@@ -2,7 +2,7 @@
 //! `src/cli/envs.rs`): list, describe, play, baseline and bench, generic over the
 //! registry, plus the measuring and statistics helpers they share.
 
-use super::{create, EnvFactory, Options, REGISTRY};
+use super::{create, EnvFactory, Options};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::io::BufRead;
@@ -34,7 +34,7 @@ pub fn options_from_flags(preset: Option<&str>, set: &[String]) -> anyhow::Resul
 /// `concord envs list`: one line per registered environment.
 pub fn list() -> String {
     let mut s = String::new();
-    for e in REGISTRY {
+    for e in super::entries() {
         let built = if e.built() { "" } else { " (not built yet)" };
         s.push_str(&format!("{:<12} {}{}\n", e.name, e.summary, built));
     }

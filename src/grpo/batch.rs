@@ -302,6 +302,7 @@ fn score(
     params: &SamplingParams,
     first_episode: u64,
 ) -> Result<Vec<Vec<Reward>>> {
+    task.prefetch(prompts, samples)?;
     let mut out: Vec<Vec<Reward>> = Vec::with_capacity(prompts.len());
     let mut continued: Vec<(&Decision, &str)> = Vec::new();
     let mut at: Vec<(usize, usize)> = Vec::new();

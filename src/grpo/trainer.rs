@@ -27,6 +27,7 @@ use crate::config::stage::StageLength;
 use crate::config::Config;
 use crate::curriculum::{total_steps, Stage};
 use crate::dist::Dist;
+use crate::envs::dataset::program::ProgramFailed;
 use crate::envs::remote::ConnectionLost;
 use crate::learn::optim::{AdamWParams, LrSchedule};
 use crate::learn::session::{Session, SessionOptions};
@@ -247,28 +248,33 @@ impl Trainer {
         Ok(())
     }
 
-    /// A step failed. A lost remote environment ([`ConnectionLost`]) happens before
-    /// the update (while collecting), so the adapter and optimizer still hold the last
-    /// finished step: write its checkpoint and say how to resume, rather than score
-    /// the lost episodes as zeros.
+    /// A step failed. A lost remote environment ([`ConnectionLost`]) or a failed
+    /// reward program ([`ProgramFailed`]) happens before the update (while collecting),
+    /// so the adapter and optimizer still hold the last finished step: write its
+    /// checkpoint and say how to resume, rather than score the lost episodes as zeros.
     fn on_step_error(&self, e: anyhow::Error) -> anyhow::Error {
-        let lost = e.chain().any(|c| c.is::<ConnectionLost>());
+        let lost = if e.chain().any(|c| c.is::<ConnectionLost>()) {
+            "the OpenEnv server was lost"
+        } else if e.chain().any(|c| c.is::<ProgramFailed>()) {
+            "the reward program failed"
+        } else {
+            return e;
+        };
         // In a data-parallel run the failing process alone knows: it ends the job
         // (`Dist::or_abort`) and the run resumes from the last saved checkpoint.
-        if !lost || self.session.state.step == 0 || self.dist.is_distributed() {
+        if self.session.state.step == 0 || self.dist.is_distributed() {
             return e;
         }
         let s = self.session.state.step;
         match self.save_checkpoint() {
             Ok(_) => e.context(format!(
-                "step {} stopped: the OpenEnv server was lost; checkpoint-{s} written; \
-                 resume with `{}` once it is back",
+                "step {} stopped: {lost}; checkpoint-{s} written; resume with `{}` once \
+                 it is fixed",
                 s + 1,
                 crate::run::dir::resume_command("train", &self.session.run_dir)
             )),
             Err(ce) => e.context(format!(
-                "step {} stopped: the OpenEnv server was lost, and writing checkpoint-{s} \
-                 failed too: {ce:#}",
+                "step {} stopped: {lost}, and writing checkpoint-{s} failed too: {ce:#}",
                 s + 1
             )),
         }

@@ -122,10 +122,12 @@ impl Task for EpisodeTask {
         self.factory.name().to_string()
     }
     fn component_names(&self) -> Vec<String> {
-        let mut env = self.factory.reset(0);
-        env.rollout();
-        let seat = env.policy_seats().first().copied().unwrap_or(0);
-        let mut names: Vec<String> = env.reward(seat).components.into_keys().collect();
+        let mut names = self.factory.component_names().unwrap_or_else(|| {
+            let mut env = self.factory.reset(0);
+            env.rollout();
+            let seat = env.policy_seats().first().copied().unwrap_or(0);
+            env.reward(seat).components.into_keys().collect()
+        });
         names.push(STEP_REWARDS.into());
         names.sort();
         names

@@ -11,6 +11,7 @@
 //! SFT from the rows' demonstrations (`policy = "reference"`), data parallel and
 //! `--resume`, as the built-in games do.
 mod extract;
+pub mod program;
 mod rows;
 mod schema;
 mod verify;
@@ -19,9 +20,11 @@ pub use extract::{answer_number, Extract};
 pub use rows::{fnv1a, Row, Split};
 pub use verify::{Check, Verifier};
 
+use program::{Program, Reply};
+
 use super::{
-    rollout::HELD_OUT_BIT, BaselineRow, EnvFactory, Environment, Inspect, Message, Options, Reward,
-    Scripted, StepOutcome, Tools,
+    batch::RewardRequest, rollout::HELD_OUT_BIT, BaselineRow, EnvFactory, Environment, Inspect,
+    Message, Options, Reward, Scripted, StepOutcome, Tools,
 };
 use anyhow::{bail, Context, Result};
 use std::collections::BTreeMap;
@@ -44,6 +47,7 @@ const KEYS: &[&str] = &[
     "verifiers",
     "reward_weights",
     "accuracy",
+    "reward",
 ];
 
 /// What every episode of one configured dataset shares.
@@ -55,8 +59,10 @@ struct Shared {
     held_out: Vec<usize>,
     verifiers: Vec<Verifier>,
     weights: Vec<f64>,
-    /// Index of the verifier that decides a win (accuracy).
-    accuracy: usize,
+    /// `[env.options.reward]`: a program that scores answers too.
+    program: Option<Arc<Program>>,
+    /// The component that decides a win (accuracy): a verifier's or the program's.
+    accuracy: String,
 }
 
 /// The factory of a configured dataset.
@@ -94,17 +100,25 @@ impl DatasetFactory {
                 .to_string(),
             system: opt_str(o, "system")?.map(str::to_string),
         };
-        let verifiers = verifiers(o, &answer_key)?;
+        let program = o
+            .get("reward")
+            .map(|v| program::Spec::from_toml(v).context("dataset option `reward`"))
+            .transpose()?;
+        let verifiers = verifiers(o, &answer_key, program.is_some())?;
         let weights = weights(o, verifiers.len())?;
-        let accuracy = match opt_str(o, "accuracy")? {
-            None => 0,
-            Some(name) => verifiers
+        if let Some(p) = &program {
+            let clash = verifiers
                 .iter()
-                .position(|v| v.name == name)
-                .with_context(|| {
-                    format!("dataset option `accuracy` names no verifier: `{name}`")
-                })?,
-        };
+                .find(|v| v.name == p.name || p.components.contains(&v.name));
+            if let Some(v) = clash {
+                bail!(
+                    "dataset option `reward`: a verifier is named `{}` too; give the program \
+                     (`name`) or the verifier another name",
+                    v.name
+                );
+            }
+        }
+        let accuracy = accuracy(o, &verifiers, program.as_ref())?;
         let rows = rows::read(&path, &layout)?;
         check_rows(&path, &rows, &verifiers)?;
         let (train, held_out) = rows::split(&rows, &split(o)?)?;
@@ -115,6 +129,7 @@ impl DatasetFactory {
             held_out,
             verifiers,
             weights,
+            program: program.map(|s| Arc::new(Program::new(s))),
             accuracy,
         })))
     }
@@ -136,18 +151,24 @@ impl DatasetFactory {
     }
 }
 
-fn verifiers(o: &Options, answer_key: &str) -> Result<Vec<Verifier>> {
+/// The configured verifiers; none only when a reward program scores the answers.
+fn verifiers(o: &Options, answer_key: &str, program: bool) -> Result<Vec<Verifier>> {
     let list: Vec<toml::Value> = match (o.get("verifier"), o.get("verifiers")) {
         (Some(_), Some(_)) => bail!("give dataset option `verifier` or `verifiers`, not both"),
         (Some(v), None) => vec![v.clone()],
         (None, Some(toml::Value::Array(a))) => a.clone(),
         (None, Some(v)) => bail!("dataset option `verifiers` must be an array of tables, got {v}"),
+        (None, None) if program => Vec::new(),
         (None, None) => bail!(
             "a dataset needs `verifier = \"exact\"` (or numeric, regex, json_schema, choice, \
-             contains) or [[env.options.verifiers]] tables"
+             contains), [[env.options.verifiers]] tables or a reward program \
+             ([env.options.reward])"
         ),
     };
-    anyhow::ensure!(!list.is_empty(), "dataset option `verifiers` is empty");
+    anyhow::ensure!(
+        program || !list.is_empty(),
+        "dataset option `verifiers` is empty"
+    );
     let mut out: Vec<Verifier> = Vec::new();
     for (i, v) in list.iter().enumerate() {
         let ver = Verifier::from_toml(v, answer_key)
@@ -160,6 +181,32 @@ fn verifiers(o: &Options, answer_key: &str) -> Result<Vec<Verifier>> {
         out.push(ver);
     }
     Ok(out)
+}
+
+/// The component that decides a win: `accuracy`, else the first verifier, else the
+/// program.
+fn accuracy(
+    o: &Options,
+    verifiers: &[Verifier],
+    program: Option<&program::Spec>,
+) -> Result<String> {
+    let known = || {
+        let mut names: Vec<&str> = verifiers.iter().map(|v| v.name.as_str()).collect();
+        if let Some(p) = program {
+            names.push(&p.name);
+            names.extend(p.components.iter().map(String::as_str));
+        }
+        names
+    };
+    match opt_str(o, "accuracy")? {
+        Some(name) if known().contains(&name) => Ok(name.to_string()),
+        Some(name) => bail!(
+            "dataset option `accuracy` names no verifier or program component: `{name}` \
+             (known: {})",
+            known().join(", ")
+        ),
+        None => Ok(known().first().map(|s| s.to_string()).unwrap_or_default()),
+    }
 }
 
 fn weights(o: &Options, n: usize) -> Result<Vec<f64>> {
@@ -255,10 +302,16 @@ impl EnvFactory for DatasetFactory {
             seed,
             row: self.row_of(seed),
             answer: None,
+            reply: None,
         })
     }
     fn tools(&self) -> Option<&dyn Tools> {
         Some(self)
+    }
+    /// Known without asking the program: the verifiers, the program and the components
+    /// it declares.
+    fn component_names(&self) -> Option<Vec<String>> {
+        Some(self.reset(0).reward(0).components.into_keys().collect())
     }
 }
 
@@ -269,6 +322,8 @@ pub struct Episode {
     seed: u64,
     row: usize,
     answer: Option<String>,
+    /// The reward program's reply to the answer.
+    reply: Option<Reply>,
 }
 
 impl Episode {
@@ -288,6 +343,21 @@ impl Episode {
                     .map_or(0.0, |a| v.score(a, &row.fields))
             })
             .collect()
+    }
+
+    /// What the reward program is sent for `text`, and its key among a batch's replies.
+    fn request(&self, text: &str) -> (u64, serde_json::Value) {
+        let row = self.row();
+        let key = fnv1a(&format!("{}\u{0}{text}", self.row));
+        // keys in sorted order, whether or not serde_json keeps insertion order
+        let item = serde_json::json!({
+            "completion": text,
+            "held_out": self.seed & HELD_OUT_BIT != 0,
+            "line": row.line,
+            "prompt": row.prompt,
+            "row": row.fields,
+        });
+        (key, item)
     }
 }
 
@@ -321,16 +391,24 @@ impl Environment for Episode {
             "dataset: one answer per step, got {}",
             actions.len()
         );
+        if let Some(p) = &self.shared.program {
+            let (key, item) = self.request(&actions[0]);
+            self.reply = Some(p.score(key, item)?);
+        }
         self.answer = Some(actions[0].clone());
-        let acc = &self.shared.verifiers[self.shared.accuracy];
-        let found = acc.extract.apply(&actions[0]).is_some();
-        let feedback = match found {
-            true => String::new(),
-            false => format!(
+        let acc = self
+            .shared
+            .verifiers
+            .iter()
+            .find(|v| v.name == self.shared.accuracy);
+        let found = acc.is_none_or(|v| v.extract.apply(&actions[0]).is_some());
+        let feedback = match acc {
+            Some(v) if !found => format!(
                 "no answer found for `{}` (extract = {})",
-                acc.name,
-                acc.extract.name()
+                v.name,
+                v.extract.name()
             ),
+            _ => String::new(),
         };
         out.push(0, self.reward(0).scalar, found, feedback);
         Ok(out)
@@ -338,18 +416,28 @@ impl Environment for Episode {
     fn done(&self) -> bool {
         self.answer.is_some()
     }
+    /// The verifiers' scores and the program's reply (its reward and every component
+    /// it declares, 0 where a reply leaves one out), weighted into the scalar.
     fn reward(&self, _seat: usize) -> Reward {
         let scores = self.scores();
         let s = &self.shared;
-        Reward {
-            components: s
-                .verifiers
-                .iter()
-                .zip(&scores)
-                .map(|(v, x)| (v.name.clone(), *x))
-                .collect::<BTreeMap<_, _>>(),
-            scalar: scores.iter().zip(&s.weights).map(|(x, w)| x * w).sum(),
+        let mut components: BTreeMap<String, f64> = s
+            .verifiers
+            .iter()
+            .zip(&scores)
+            .map(|(v, x)| (v.name.clone(), *x))
+            .collect();
+        let mut scalar: f64 = scores.iter().zip(&s.weights).map(|(x, w)| x * w).sum();
+        if let Some(p) = &s.program {
+            let spec = p.spec();
+            let reply = self.reply.clone().unwrap_or_default();
+            scalar += spec.weight * reply.reward;
+            components.insert(spec.name.clone(), reply.reward);
+            for c in &spec.components {
+                components.insert(c.clone(), reply.components.get(c).copied().unwrap_or(0.0));
+            }
         }
+        Reward { components, scalar }
     }
     fn transcript(&self) -> serde_json::Value {
         let row = self.row();
@@ -368,6 +456,10 @@ impl Environment for Episode {
             "id": row.fields.get("id"),
             "held_out": self.seed & HELD_OUT_BIT != 0,
             "scores": scores,
+            "program": self.reply.as_ref().map(|r| serde_json::json!({
+                "reward": r.reward,
+                "components": r.components,
+            })),
         })
     }
     fn clone_box(&self) -> Box<dyn Environment> {
@@ -382,12 +474,28 @@ impl Environment for Episode {
     fn as_inspect(&self) -> Option<&dyn Inspect> {
         Some(self)
     }
+    fn reward_request(&self, _seat: usize, text: &str) -> Option<RewardRequest> {
+        let p = self
+            .shared
+            .program
+            .as_ref()
+            .filter(|_| self.answer.is_none())?;
+        let (key, item) = self.request(text);
+        Some(RewardRequest {
+            scorer: p.clone(),
+            key,
+            item,
+        })
+    }
 }
 
 impl Scripted for Episode {
     /// The row's demonstration (empty when it has none).
     fn continuation_action(&mut self, _seat: usize) -> String {
         self.row().demonstration.clone().unwrap_or_default()
+    }
+    fn continuation_len(&self) -> Option<usize> {
+        Some(usize::from(self.answer.is_none()))
     }
     fn policy_action(&mut self, policy: &str, seat: usize) -> Result<String> {
         match policy {
@@ -398,9 +506,12 @@ impl Scripted for Episode {
 }
 
 impl Inspect for Episode {
-    /// The accuracy verifier accepted the answer.
+    /// The accuracy component (a verifier's score or the program's) is at least 0.5.
     fn won(&self, _seat: usize) -> bool {
-        self.scores()[self.shared.accuracy] >= 0.5
+        self.reward(0)
+            .components
+            .get(&self.shared.accuracy)
+            .is_some_and(|x| *x >= 0.5)
     }
     fn render_state(&self) -> String {
         let row = self.row();
@@ -429,13 +540,30 @@ impl Tools for DatasetFactory {
             s.rows.len(),
             s.train.len(),
             s.held_out.len(),
-            s.verifiers[s.accuracy].name
+            s.accuracy
         );
         for (v, w) in s.verifiers.iter().zip(&s.weights) {
             out.push_str(&format!(
                 "  {} (weight {w}): {:?}, extract {:?}, reference field `{}`\n",
                 v.name, v.check, v.extract, v.reference
             ));
+        }
+        if let Some(p) = &s.program {
+            let p = p.spec();
+            out.push_str(&format!(
+                "  {} (weight {}): reward program {:?}{}, timeout {} s\n",
+                p.name,
+                p.weight,
+                p.command,
+                p.dir
+                    .as_ref()
+                    .map(|d| format!(" in {}", d.display()))
+                    .unwrap_or_default(),
+                p.timeout.as_secs_f64()
+            ));
+            if !p.components.is_empty() {
+                out.push_str(&format!("    components: {}\n", p.components.join(", ")));
+            }
         }
         out.push_str("\npolicies: reference (each row's demonstration)\npools: train, held_out\n");
         out
@@ -491,5 +619,7 @@ impl Tools for DatasetFactory {
     }
 }
 
+#[cfg(test)]
+mod program_tests;
 #[cfg(test)]
 mod tests;

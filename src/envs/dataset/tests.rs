@@ -132,7 +132,7 @@ fn options_are_checked_by_name() {
         ),
         (
             "verifier = 'exact'\naccuracy = 'correct'",
-            "names no verifier: `correct`",
+            "names no verifier or program component: `correct`",
         ),
         ("verifier = 'exact'\nheld_out = 1.5", "fraction in (0, 1)"),
         (
