@@ -8,10 +8,11 @@
 
 Each FILE.py:FUNCTION is a function as TRL's GRPOTrainer(reward_funcs=...) takes it,
 unchanged: ``def f(prompts, completions, **kwargs) -> list[float | None]``, where
-``kwargs`` holds every other column of the dataset rows, one list entry per completion.
-As in TRL, a row whose prompt is a list of messages (or that has ``messages``) is
-conversational: ``prompts[i]`` is its message list and ``completions[i]`` is
-``[{"role": "assistant", "content": TEXT}]``; otherwise both are strings.
+``prompts`` is the rows' ``prompt`` column and ``kwargs`` holds every other column of
+the rows, one list entry per completion. As in TRL, a batch whose first row's prompt is
+a list of messages is conversational: ``completions[i]`` is
+``[{"role": "assistant", "content": TEXT}]``; otherwise it is a string. TRL's
+``completion_ids`` and ``trainer_state`` are not passed: Concord sends text only.
 
 The reward of a completion is the sum of the functions' rewards (``None`` counts 0, as
 TRL's nansum does); with more than one function each one's is a component named after
@@ -22,6 +23,7 @@ stops the run with its message.
 Protocol: docs/your-own-task.md ("Reward programs"). Standard library only.
 """
 import importlib.util
+import io
 import json
 import math
 import os
@@ -50,17 +52,20 @@ def arguments(batch):
     prompts, completions = [], []
     keys = sorted({k for item in batch for k in item["row"]} - {"prompt", "completion"})
     columns = {k: [] for k in keys}
+    # TRL decides once per batch, from its first row
+    first = batch[0]["row"] if batch else {}
+    conversational = isinstance(first.get("prompt", first.get("messages")), list)
     for item in batch:
         row = item["row"]
-        conversational = isinstance(row.get("prompt"), list) or "messages" in row
+        # the rows' prompt column; without one (`messages`, a custom prompt_key), the
+        # messages Concord rendered
+        prompt = row.get("prompt")
+        if prompt is None:
+            prompt = item["prompt"] if conversational else item["prompt"][-1]["content"] if item["prompt"] else ""
+        prompts.append(prompt)
         if conversational:
-            prompts.append(item["prompt"])
             completions.append([{"role": "assistant", "content": item["completion"]}])
         else:
-            prompt = row.get("prompt")
-            if prompt is None:  # a custom prompt_key: the last message Concord sent
-                prompt = item["prompt"][-1]["content"] if item["prompt"] else ""
-            prompts.append(prompt)
             completions.append(item["completion"])
         for k in keys:
             columns[k].append(row.get(k))
@@ -79,13 +84,18 @@ def main():
     if not specs:
         sys.exit(__doc__)
     # The protocol owns the real stdout; everything else printed goes to stderr.
-    out = os.fdopen(os.dup(1), "w")
+    out = os.fdopen(os.dup(1), "w", encoding="utf-8")
     os.dup2(2, 1)
     sys.stdout = sys.stderr
     funcs = [load(s) for s in specs]
-    for line in sys.stdin:
-        batch = json.loads(line)["batch"]
+    names = [n for n, _ in funcs]
+    duplicated = sorted({n for n in names if names.count(n) > 1})
+    if duplicated:
+        sys.exit(f"trl_reward_shim: two functions are named {duplicated[0]!r}: their components would clash")
+    # Concord writes UTF-8 whatever the locale says
+    for line in io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8"):
         try:
+            batch = json.loads(line)["batch"]
             prompts, completions, columns = arguments(batch)
             scores = {}
             for name, fn in funcs:

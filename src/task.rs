@@ -224,10 +224,15 @@ impl Task for EnvTask {
             .state
             .downcast_ref::<envs::Decision>()
             .context("prompt state is not an environment decision")?;
-        Ok(envs::score_decision(d, &completion.text))
+        // a failed reward program or a lost server stops the step, never scores 0
+        envs::try_score_decision(d, &completion.text)
     }
     fn prefetch(&self, prompts: &[TaskPrompt], samples: &[Vec<Completion>]) -> Result<()> {
-        prefetch_decisions(prompts.iter().zip(samples))
+        // continued decisions are scored where the model plays them on
+        match self.continue_with {
+            ContinueWith::Model => Ok(()),
+            ContinueWith::Scripted => prefetch_decisions(prompts.iter().zip(samples)),
+        }
     }
     fn model_continued<'a>(&self, prompt: &'a TaskPrompt) -> Option<&'a envs::Decision> {
         match self.continue_with {
@@ -371,7 +376,11 @@ impl Task for MixtureTask {
     }
 
     fn prefetch(&self, prompts: &[TaskPrompt], samples: &[Vec<Completion>]) -> Result<()> {
-        prefetch_decisions(prompts.iter().zip(samples))
+        let scripted = prompts.iter().zip(samples).filter(|(p, _)| {
+            let env = p.state.downcast_ref::<Tagged>().map_or(0, |t| t.env);
+            self.envs[env].0.continue_with == ContinueWith::Scripted
+        });
+        prefetch_decisions(scripted)
     }
 
     fn env_of(&self, prompt: &TaskPrompt) -> String {

@@ -424,6 +424,29 @@ fn episode_mode() {
 }
 
 #[test]
+fn a_dataset_scored_by_a_reward_program() {
+    // each process asks its own program for its own prompts' answers, one exchange a step
+    let program = tempfile::tempdir().unwrap();
+    std::fs::write(
+        program.path().join("reward.sh"),
+        crate::util::REWARD_PROGRAM,
+    )
+    .unwrap();
+    let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/data/arithmetic.jsonl");
+    let dataset = |text: String| {
+        let at = text.find("[env]").unwrap();
+        format!(
+            "{}[env]\nname = \"dataset\"\n[env.options]\npath = {:?}\nverifier = \"numeric\"\n\
+             [env.options.reward]\ncommand = [\"sh\", \"reward.sh\"]\ndir = {:?}\nweight = 0.1\n",
+            &text[..at],
+            data.display().to_string(),
+            program.path().display().to_string()
+        )
+    };
+    same_as_one_process_edited(2, "loss_type = \"dapo\"", "", dataset, "dataset");
+}
+
+#[test]
 fn lora_dropout_entropy_mask_and_entropy_bonus() {
     // All three are drawn or normalised per micro-batch: dropout masks from the
     // micro-batch's seed, the top-entropy quantile over its tokens, the bonus over its

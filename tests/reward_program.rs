@@ -1,35 +1,17 @@
 //! A reward program in a training run: one exchange per step, a crash mid-run stops
 //! with a checkpoint and the program's stderr, and `--resume` writes the rows an
 //! uninterrupted run writes; eval asks the same program.
-use crate::util::{column, read_csv};
+use crate::util::{column, read_csv, REWARD_PROGRAM as PROGRAM};
 use std::path::Path;
 use std::process::Command;
 
-/// Rewards each answer by the length of its text (up to a first quote), logs every
-/// request, and crashes at its third request when a file `crash` is there (removing
-/// it, so that the resumed run's program goes on).
-const PROGRAM: &str = r#"n=0
-while IFS= read -r line; do
-  n=$((n+1))
-  if [ -f crash ] && [ "$n" -ge 3 ]; then
-    rm crash
-    echo "reward.sh: simulated crash at request $n" >&2
-    exit 7
-  fi
-  printf '%s\n' "$line" >> requests.log
-  printf '%s\n' "$line" | awk '{
-    n = split($0, parts, /(\[|\},)\{"completion":"/); out = "";
-    for (i = 2; i <= n; i++) { s = parts[i]; sub(/".*/, "", s); out = out (i > 2 ? "," : "") length(s) }
-    print "{\"rewards\":[" out "]}"
-  }'
-done
-"#;
-
-fn project(dir: &Path, crash: bool) {
+/// A project in `dir`: the program, a config `c.toml` (`run` adds to its `[run]`), and
+/// the file `crash` names, which makes the program crash.
+fn project_with(dir: &Path, crash: Option<&str>, run: &str) {
     std::fs::create_dir_all(dir).unwrap();
     std::fs::write(dir.join("reward.sh"), PROGRAM).unwrap();
-    if crash {
-        std::fs::write(dir.join("crash"), "").unwrap();
+    if let Some(file) = crash {
+        std::fs::write(dir.join(file), "").unwrap();
     }
     let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/data/arithmetic.jsonl");
     let config = format!(
@@ -39,6 +21,7 @@ output_dir = "runs"
 steps = 4
 save_every = 0
 log_samples = 0
+{run}
 [model]
 name = "models/tiny"
 init_tiny = true
@@ -67,6 +50,10 @@ weight = 0.1
 "#
     );
     std::fs::write(dir.join("c.toml"), config).unwrap();
+}
+
+fn project(dir: &Path, crash: bool) {
+    project_with(dir, crash.then_some("crash"), "");
 }
 
 fn concord(dir: &Path, args: &[&str]) -> (Option<i32>, String) {
@@ -173,6 +160,38 @@ fn a_reward_program_crash_checkpoints_and_resume_matches_an_unbroken_run() {
         .all(|i| i["held_out"] == true));
     let report = std::fs::read_to_string(whole.join("e.json")).unwrap();
     assert!(report.contains("length"), "{report}");
+}
+
+#[test]
+fn a_reward_program_crash_in_held_out_evaluation_checkpoints_and_resume_evaluates_again() {
+    let d = tempfile::tempdir().unwrap();
+    let (whole, broken) = (d.path().join("whole"), d.path().join("broken"));
+    let run = "eval_every = 2\neval_episodes = 3";
+    project_with(&whole, None, run);
+    project_with(&broken, Some("crash_eval"), run);
+    let (rc, err) = concord(&whole, &["train", "--config", "c.toml"]);
+    assert_eq!(rc, Some(0), "{err}");
+    let (rc, err) = concord(&broken, &["train", "--config", "c.toml"]);
+    assert_eq!(rc, Some(1), "{err}");
+    for says in [
+        "the held-out evaluation after step 2 stopped; checkpoint-2 written",
+        "reward.sh: simulated crash in evaluation",
+    ] {
+        assert!(err.contains(says), "`{says}` not in: {err}");
+    }
+    let (rc, err) = concord(&broken, &["train", "--resume", "runs/r"]);
+    assert_eq!(rc, Some(0), "{err}");
+    for file in ["eval_log.csv", "training_log.csv"] {
+        let (h, a) = read_csv(&whole.join("runs/r").join(file));
+        let (_, b) = read_csv(&broken.join("runs/r").join(file));
+        assert_eq!(a.len(), b.len(), "{file}");
+        for c in ["reward", "rewards/length/mean"] {
+            let name = if file == "eval_log.csv" { "reward" } else { c };
+            assert_eq!(column(&h, &a, name), column(&h, &b, name), "{file} {name}");
+        }
+    }
+    let (h, rows) = read_csv(&broken.join("runs/r/eval_log.csv"));
+    assert_eq!(column(&h, &rows, "step"), [0.0, 2.0, 4.0]);
 }
 
 /// TRL-style reward functions, unchanged, through `examples/trl_reward_shim.py`: each

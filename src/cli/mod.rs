@@ -277,6 +277,10 @@ pub fn main() -> i32 {
 /// (`train`, `eval`, `envs`, `serve`, ...) as `fn main() { std::process::exit(
 /// concord::cli::main_with(vec![my_env::entry()])) }` (`examples/own-env/`).
 pub fn main_with(envs: Vec<crate::envs::EnvEntry>) -> i32 {
+    let argv0 = std::env::args_os().next().map(std::path::PathBuf::from);
+    if let Some(name) = argv0.as_deref().and_then(|p| p.file_name()) {
+        crate::run::dir::set_program_name(&name.to_string_lossy());
+    }
     for e in envs {
         if let Err(e) = crate::envs::register(e) {
             crate::note!("error: {e:#}");

@@ -73,17 +73,28 @@ impl Config {
     /// in `[env.options]` and in each stage's `[stage.options.ENV]`.
     pub(super) fn map_env_paths(&mut self, f: impl Fn(&Path) -> PathBuf) {
         let fix = |name: &str, opts: &mut toml::Table| {
-            for key in crate::envs::path_options(name) {
+            for option in crate::envs::path_options(name) {
+                // `key=default`: a default where the key's table is there without it
+                let (key, default) = match option.split_once('=') {
+                    Some((k, d)) => (k, Some(d)),
+                    None => (*option, None),
+                };
                 // a dotted key names an option inside a table (`reward.dir`)
-                let mut parts = key.split('.');
-                let first = parts.next().unwrap_or_default();
-                let mut at = opts.get_mut(first);
-                for part in parts {
-                    at = at
-                        .and_then(|v| v.as_table_mut())
-                        .and_then(|t| t.get_mut(part));
+                let (parents, leaf) = match key.rsplit_once('.') {
+                    Some((p, l)) => (Some(p), l),
+                    None => (None, key),
+                };
+                let mut table = Some(&mut *opts);
+                for part in parents.into_iter().flat_map(|p| p.split('.')) {
+                    table = table
+                        .and_then(|t| t.get_mut(part))
+                        .and_then(|v| v.as_table_mut());
                 }
-                if let Some(toml::Value::String(s)) = at {
+                let Some(table) = table else { continue };
+                if let (Some(d), false) = (default, table.contains_key(leaf)) {
+                    table.insert(leaf.to_string(), toml::Value::String(d.to_string()));
+                }
+                if let Some(toml::Value::String(s)) = table.get_mut(leaf) {
                     *s = f(Path::new(s.as_str())).display().to_string();
                 }
             }

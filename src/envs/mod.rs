@@ -100,7 +100,7 @@ pub use behaviour::{Behaviour, BehaviourSummary, DecisionRecord, DecisionView, R
 pub use contest::{Contest, ContestRule};
 pub use rollout::{
     eval_seed, play_episode, replay, sample_decision, sample_decisions_with, score_decision,
-    score_decisions_with, score_joint, training_seed, Decision, HELD_OUT_BIT,
+    score_decisions_with, score_joint, training_seed, try_score_decision, Decision, HELD_OUT_BIT,
 };
 pub use tools::{measure, wilson_ci, BaselineRow, BenchResult, Measured};
 
@@ -264,6 +264,14 @@ pub trait Inspect: Environment {
     }
 }
 
+/// Whether a step failed outside the environment's rules: a reward program that
+/// failed, or a lost OpenEnv server. The trainer stops with a checkpoint on these
+/// rather than score the answers.
+pub fn is_lost(e: &anyhow::Error) -> bool {
+    e.chain()
+        .any(|c| c.is::<dataset::program::ProgramFailed>() || c.is::<remote::ConnectionLost>())
+}
+
 /// The default win rule: a `win` component of at least 0.5.
 pub fn win_component(r: &Reward) -> bool {
     r.components.get("win").is_some_and(|w| *w >= 0.5)
@@ -425,7 +433,8 @@ pub struct EnvEntry {
     pub create: Option<Constructor>,
     /// Options that name files or directories (a dataset's `path`; `reward.dir`, an
     /// option inside a table): a config resolves them like its own path keys, and a
-    /// run's recorded config writes them relative to the run.
+    /// run's recorded config writes them relative to the run. `key=default` gives the
+    /// key a default (resolved like a written one) where its table is there without it.
     pub path_options: &'static [&'static str],
 }
 
@@ -473,7 +482,7 @@ pub static REGISTRY: &[EnvEntry] = &[
         name: dataset::NAME,
         summary: "your prompts (JSONL) with verifiable answers, scored by verifiers",
         create: Some(dataset::factory),
-        path_options: &["path", "reward.dir"],
+        path_options: &["path", "reward.dir=."],
     },
 ];
 

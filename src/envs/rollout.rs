@@ -333,6 +333,23 @@ pub fn score_decision(d: &Decision, completion: &str) -> Reward {
         .unwrap_or_default()
 }
 
+/// [`score_decision`], except that a step that failed outside the environment's own
+/// rules (a reward program that failed, a lost server: [`super::is_lost`]) is an error
+/// instead of the reward of a malformed call.
+pub fn try_score_decision(d: &Decision, completion: &str) -> Result<Reward> {
+    let mut env = d.env.clone_box();
+    if !env.done() {
+        if let Err(e) = step_given(env.as_mut(), &[(d.seat, completion)]) {
+            if super::is_lost(&e) {
+                return Err(e);
+            }
+            return Ok(step_error());
+        }
+        env.rollout();
+    }
+    Ok(env.reward(d.seat))
+}
+
 /// Play the given completions for the given seats in the current step (the
 /// continuation policy for the other acting seats), roll out, and return each given
 /// seat's reward, in the order given. Needs the [`super::Scripted`] capability to

@@ -42,6 +42,21 @@ impl Trainer {
         self.dist.barrier("held-out evaluation at step 0")
     }
 
+    /// A resumed run whose last step was due a held-out row it does not have (its
+    /// evaluation failed, or an interrupt came first) evaluates that step first, so the
+    /// curve has every row an unbroken run has.
+    pub(super) fn evaluate_missing(&mut self) -> Result<()> {
+        let every = self.cfg.run.eval_every;
+        let step = self.session.state.step;
+        if every == 0 || step == 0 || !step.is_multiple_of(every) {
+            return Ok(());
+        }
+        if self.dist.is_root() && !log::has_eval_row(&self.session.run_dir, step)? {
+            self.evaluate(step)?;
+        }
+        self.dist.barrier("held-out evaluation on resume")
+    }
+
     fn evaluate(&self, step: usize) -> Result<()> {
         let episodes = self.cfg.run.eval_episodes;
         let params = crate::eval::sampling(&self.cfg, false, self.renderer.stop_ids())?;

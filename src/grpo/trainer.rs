@@ -204,6 +204,7 @@ impl Trainer {
         let mut lines = (!self.quiet && !std::io::stderr().is_terminal())
             .then(|| ProgressLines::new(self.session.state.step, total));
         self.evaluate_start()?;
+        self.evaluate_missing().map_err(|e| self.on_eval_error(e))?;
         let mut done_here = 0;
         while self.session.state.step < total && self.session.state.stage < self.stages.len() {
             if limit == Some(done_here) {
@@ -231,7 +232,8 @@ impl Trainer {
                 p.step(s, row.reward, row.step_time, finished || interrupted);
             }
             if !interrupted {
-                self.evaluate_if_due(finished)?;
+                self.evaluate_if_due(finished)
+                    .map_err(|e| self.on_eval_error(e))?;
             }
             if finished || (save_every > 0 && s.is_multiple_of(save_every)) || interrupted {
                 self.save_checkpoint()?;
@@ -276,6 +278,28 @@ impl Trainer {
             Err(ce) => e.context(format!(
                 "step {} stopped: {lost}, and writing checkpoint-{s} failed too: {ce:#}",
                 s + 1
+            )),
+        }
+    }
+
+    /// A held-out evaluation failed after step `s`'s update. Where a reward program
+    /// failed or a server was lost ([`crate::envs::is_lost`]), write checkpoint-s and
+    /// say how to resume: the resumed run evaluates step `s` first
+    /// ([`Trainer::evaluate_missing`]).
+    fn on_eval_error(&self, e: anyhow::Error) -> anyhow::Error {
+        let s = self.session.state.step;
+        if !crate::envs::is_lost(&e) || s == 0 || self.dist.is_distributed() {
+            return e;
+        }
+        match self.save_checkpoint() {
+            Ok(_) => e.context(format!(
+                "the held-out evaluation after step {s} stopped; checkpoint-{s} written; \
+                 resume with `{}` once it is fixed",
+                crate::run::dir::resume_command("train", &self.session.run_dir)
+            )),
+            Err(ce) => e.context(format!(
+                "the held-out evaluation after step {s} stopped, and writing checkpoint-{s} \
+                 failed too: {ce:#}"
             )),
         }
     }

@@ -259,11 +259,21 @@ pub fn claim(run_dir: &Path, resume: bool, overwrite: bool, command: &str) -> Re
     Ok(lock)
 }
 
+/// The name the binary was started by, when it is not `concord` (a binary of one's own
+/// environments, `concord::cli::main_with`): resume hints name it.
+static PROGRAM: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
+/// Name the binary in resume hints (first call wins).
+pub fn set_program_name(name: &str) {
+    let _ = PROGRAM.set(name.to_string());
+}
+
 /// The command line that continues the run in `run_dir` with `concord command`, the
 /// path quoted for a POSIX shell where it needs to be.
 pub fn resume_command(command: &str, run_dir: &Path) -> String {
     format!(
-        "concord {command} --resume {}",
+        "{} {command} --resume {}",
+        PROGRAM.get().map_or("concord", String::as_str),
         shell_quote(&run_dir.display().to_string())
     )
 }

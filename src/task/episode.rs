@@ -320,6 +320,15 @@ struct EnvTurns<'a> {
 }
 
 impl EnvTurns<'_> {
+    /// Whether every seat acting in episode `ep` has its text (or plays scripted).
+    fn ready(&self, ep: usize, acting: &[usize]) -> bool {
+        acting.iter().all(|s| {
+            self.pending[ep].contains_key(s)
+                || self.retired[ep].contains(s)
+                || !self.rows_of[ep].contains_key(s)
+        })
+    }
+
     /// Step episode `ep` as long as every acting seat has answered; reply to its rows.
     fn advance(&mut self, ep: usize, replies: &mut Vec<(usize, Reply)>) -> Result<()> {
         loop {
@@ -340,12 +349,7 @@ impl EnvTurns<'_> {
             {
                 return Ok(());
             }
-            let ready = acting.iter().all(|s| {
-                self.pending[ep].contains_key(s)
-                    || self.retired[ep].contains(s)
-                    || !self.rows_of[ep].contains_key(s)
-            });
-            if !ready {
+            if !self.ready(ep, &acting) {
                 return Ok(());
             }
             let env = &mut self.envs[ep];
@@ -410,6 +414,19 @@ impl TurnSource for EnvTurns<'_> {
             }
             touched.insert(ep);
         }
+        // rewards an outside program computes: one exchange for the episodes that step now
+        let mut answers = Vec::new();
+        for &ep in &touched {
+            let env = &self.envs[ep];
+            if !env.done() && self.ready(ep, &env.to_act()) {
+                answers.extend(
+                    self.pending[ep]
+                        .iter()
+                        .map(|(&s, t)| (env.as_ref(), s, t.as_str())),
+                );
+            }
+        }
+        envs::batch::prefetch(answers)?;
         let mut replies = Vec::new();
         for ep in touched {
             self.advance(ep, &mut replies)?;

@@ -23,7 +23,7 @@ use serde_json::Value;
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::io::{Read, Write};
 use std::path::PathBuf;
-use std::process::{Child, ChildStdin, Command, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -236,17 +236,20 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// What the stdout reader saw.
+/// What the stdout reader (or the stdin writer) saw.
 enum Out {
     Line(String),
     /// End of output, with what came after the last newline.
     End(String),
+    /// Reading or writing failed: what happened.
     Error(String),
 }
 
 struct Running {
     child: Child,
-    stdin: Option<ChildStdin>,
+    /// Requests go to a thread that writes them, so that a program that stops reading
+    /// (a request larger than the pipe holds) cannot block past `timeout`.
+    requests: Option<mpsc::Sender<Vec<u8>>>,
     lines: Receiver<Out>,
     stderr: Arc<Mutex<VecDeque<String>>>,
     stderr_reader: std::thread::JoinHandle<()>,
@@ -263,17 +266,30 @@ impl Running {
             cmd.current_dir(d);
         }
         let mut child = cmd.spawn().context("could not start it")?;
-        let stdin = child.stdin.take();
+        let stdin = child.stdin.take().context("no stdin pipe")?;
         let stdout = child.stdout.take().context("no stdout pipe")?;
         let err = child.stderr.take().context("no stderr pipe")?;
         let (tx, lines) = mpsc::channel();
+        let (requests, to_write) = mpsc::channel::<Vec<u8>>();
+        let failed = tx.clone();
+        std::thread::spawn(move || {
+            let mut stdin = stdin;
+            for line in to_write {
+                if let Err(e) = stdin.write_all(&line).and_then(|()| stdin.flush()) {
+                    let _ = failed.send(Out::Error(format!(
+                        "could not send it a request ({e}): it has stopped reading"
+                    )));
+                    return;
+                }
+            }
+        });
         std::thread::spawn(move || read_lines(stdout, tx));
         let stderr = Arc::new(Mutex::new(VecDeque::new()));
         let tail = stderr.clone();
         let stderr_reader = std::thread::spawn(move || keep_tail(err, &tail));
         Ok(Running {
             child,
-            stdin,
+            requests: Some(requests),
             lines,
             stderr,
             stderr_reader,
@@ -282,14 +298,25 @@ impl Running {
 
     /// Write one request and wait for one line.
     fn ask(&mut self, items: &[Value], timeout: Duration) -> Result<String, String> {
-        let mut line = serde_json::to_string(&serde_json::json!({ "batch": items }))
+        // a line before the request would be taken for its reply, one step late
+        match self.lines.try_recv() {
+            Ok(Out::Line(l)) => {
+                return Err(format!(
+                    "it wrote a line nobody asked for (each request gets one reply line): `{}`",
+                    quote(&l)
+                ))
+            }
+            Ok(Out::End(_)) => return Err("it exited between requests".into()),
+            Ok(Out::Error(e)) => return Err(e),
+            Err(_) => {}
+        }
+        let mut line = serde_json::to_vec(&serde_json::json!({ "batch": items }))
             .map_err(|e| format!("could not write the request: {e}"))?;
-        line.push('\n');
-        let stdin = self.stdin.as_mut().ok_or("its input is closed")?;
-        stdin
-            .write_all(line.as_bytes())
-            .and_then(|()| stdin.flush())
-            .map_err(|e| format!("could not send it a request ({e}): it has stopped reading"))?;
+        line.push(b'\n');
+        self.requests
+            .as_ref()
+            .and_then(|r| r.send(line).ok())
+            .ok_or("its input is closed")?;
         match self.lines.recv_timeout(timeout) {
             Ok(Out::Line(l)) => Ok(l),
             Ok(Out::End(rest)) if rest.is_empty() => Err("it exited before replying".into()),
@@ -297,7 +324,7 @@ impl Running {
                 "it exited in the middle of a reply line: `{}`",
                 quote(&rest)
             )),
-            Ok(Out::Error(e)) => Err(format!("reading its output failed: {e}")),
+            Ok(Out::Error(e)) => Err(e),
             Err(RecvTimeoutError::Timeout) => Err(format!(
                 "no reply within {} s (`timeout`)",
                 timeout.as_secs_f64()
@@ -308,7 +335,7 @@ impl Running {
 
     /// Stop the process and say how it ended: its exit status and stderr tail.
     fn stop_for_report(mut self) -> String {
-        drop(self.stdin.take());
+        drop(self.requests.take());
         let status = wait_for(&mut self.child, Duration::from_millis(500)).or_else(|| {
             let _ = self.child.kill();
             self.child.wait().ok()
@@ -339,7 +366,7 @@ impl Running {
 impl Drop for Running {
     /// End of run: close its input, give it a second to exit, then kill it.
     fn drop(&mut self) {
-        drop(self.stdin.take());
+        drop(self.requests.take());
         if wait_for(&mut self.child, Duration::from_secs(1)).is_none() {
             let _ = self.child.kill();
             let _ = self.child.wait();
@@ -380,7 +407,7 @@ fn read_lines(mut r: impl Read, tx: mpsc::Sender<Out>) {
             }
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
             Err(e) => {
-                let _ = tx.send(Out::Error(e.to_string()));
+                let _ = tx.send(Out::Error(format!("reading its output failed: {e}")));
                 return;
             }
         }

@@ -185,6 +185,33 @@ fn a_partial_line_is_an_error_whether_the_program_exits_or_hangs() {
 }
 
 #[test]
+fn an_extra_line_is_an_error_not_the_next_reply() {
+    // two lines a request, written at once: the second would be the next one's reply
+    let (_d, spec) = script(
+        "while IFS= read -r line; do printf '{\"rewards\": [1]}\\n{\"rewards\": [2]}\\n'; done\n",
+        "",
+    );
+    let p = Program::new(spec);
+    assert_eq!(rewards(&p, &["a"]), [1.0]);
+    std::thread::sleep(Duration::from_millis(200));
+    let e = failure(&p, &["b"]);
+    assert!(e.contains("a line nobody asked for"), "{e}");
+    assert!(e.contains(r#"{"rewards": [2]}"#), "{e}");
+}
+
+#[test]
+fn a_program_that_never_reads_a_large_request_times_out() {
+    // 4 MiB: far more than a pipe holds, so the write itself would block
+    let (_d, spec) = script("exec sleep 30\n", "timeout = 0.5");
+    let p = Program::new(spec);
+    let big = "x".repeat(4 << 20);
+    let t = Instant::now();
+    let e = failure(&p, &[big.as_str()]);
+    assert!(e.contains("no reply within 0.5 s"), "{e}");
+    assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
+}
+
+#[test]
 fn a_program_that_cannot_start_or_stops_reading_is_an_error() {
     let (_d, mut spec) = script("", "");
     spec.command = vec!["/nonexistent/reward-program".into()];
