@@ -84,27 +84,4 @@ pub fn column(header: &[String], rows: &[Vec<String>], name: &str) -> Vec<f64> {
 /// request, and crashes at its third request when a file `crash` is there, or at the
 /// second held-out request of the directory when `crash_eval` is (removing the file, so
 /// that the resumed run's program goes on).
-pub const REWARD_PROGRAM: &str = r#"n=0
-while IFS= read -r line; do
-  n=$((n+1))
-  if [ -f crash ] && [ "$n" -ge 3 ]; then
-    rm crash
-    echo "reward.sh: simulated crash at request $n" >&2
-    exit 7
-  fi
-  case "$line" in *'"held_out":true'*)
-    echo x >> held_out_requests
-    if [ -f crash_eval ] && [ "$(wc -l < held_out_requests)" -ge 2 ]; then
-      rm crash_eval
-      echo "reward.sh: simulated crash in evaluation" >&2
-      exit 8
-    fi;;
-  esac
-  printf '%s\n' "$line" >> requests.log
-  printf '%s\n' "$line" | awk '{
-    n = split($0, parts, /(\[|\},)\{"completion":"/); out = "";
-    for (i = 2; i <= n; i++) { s = parts[i]; sub(/".*/, "", s); out = out (i > 2 ? "," : "") length(s) }
-    print "{\"rewards\":[" out "]}"
-  }'
-done
-"#;
+pub const REWARD_PROGRAM: &str = include_str!("fixtures/reward_length.sh");

@@ -8,18 +8,9 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 /// Replies, for each item, the length of its completion (test completions hold no
-/// quote), and appends every request to `requests.log` in its directory. Items are
-/// found by the start of an item object: `[{"completion":"` or `},{"completion":"`
-/// (a row's own `completion` field follows `"row":{`).
-const LENGTHS: &str = r#"while IFS= read -r line; do
-  printf '%s\n' "$line" >> requests.log
-  printf '%s\n' "$line" | awk '{
-    n = split($0, parts, /(\[|\},)\{"completion":"/); out = "";
-    for (i = 2; i <= n; i++) { s = parts[i]; sub(/".*/, "", s); out = out (i > 2 ? "," : "") length(s) }
-    print "{\"rewards\":[" out "]}"
-  }'
-done
-"#;
+/// quote), and appends every request to `requests.log` in its directory (the program
+/// the integration tests use too).
+const LENGTHS: &str = include_str!("../../../tests/fixtures/reward_length.sh");
 
 /// A script in a fresh directory, and a spec that runs it there.
 fn script(body: &str, extra: &str) -> (tempfile::TempDir, Spec) {
