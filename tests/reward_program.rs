@@ -229,3 +229,43 @@ fn trl_reward_functions_serve_through_the_shim() {
         assert!((trl[i] - (correct[i] + brief[i])).abs() < 1e-9, "row {i}");
     }
 }
+
+/// A curriculum on the dataset: episode mode first, then decision mode. Every answer is
+/// asked for exactly once, and a resumed run writes the rows an unbroken one does.
+#[test]
+fn a_dataset_curriculum_through_both_modes_asks_once_per_answer_and_resumes() {
+    let d = tempfile::tempdir().unwrap();
+    let stages = "[[stage]]\nname = \"episodes\"\nmode = \"episode\"\nsteps = 2\n\
+                  [[stage]]\nname = \"decisions\"\n";
+    let (whole, cut) = (d.path().join("whole"), d.path().join("cut"));
+    for dir in [&whole, &cut] {
+        project(dir, false);
+        let c = std::fs::read_to_string(dir.join("c.toml")).unwrap();
+        std::fs::write(dir.join("c.toml"), format!("{c}{stages}")).unwrap();
+    }
+    let (rc, err) = concord(&whole, &["train", "--config", "c.toml"]);
+    assert_eq!(rc, Some(0), "{err}");
+    let items: Vec<usize> = requests(&whole)
+        .iter()
+        .map(|r| r["batch"].as_array().unwrap().len())
+        .collect();
+    assert_eq!(items.iter().sum::<usize>(), 4 * 8, "{items:?}");
+    let (rc, err) = concord(
+        &cut,
+        &["train", "--config", "c.toml", "--set", "run.steps=3"],
+    );
+    assert_eq!(rc, Some(0), "{err}");
+    let (rc, err) = concord(
+        &cut,
+        &["train", "--resume", "runs/r", "--set", "run.steps=4"],
+    );
+    assert_eq!(rc, Some(0), "{err}");
+    let (h, a) = read_csv(&whole.join("runs/r/training_log.csv"));
+    let (_, b) = read_csv(&cut.join("runs/r/training_log.csv"));
+    let stage = h.iter().position(|c| c == "stage").unwrap();
+    let names: Vec<&str> = a.iter().map(|r| r[stage].as_str()).collect();
+    assert_eq!(names, ["episodes", "episodes", "decisions", "decisions"]);
+    for c in ["reward", "rewards/length/mean", "grad_norm"] {
+        assert_eq!(column(&h, &a, c), column(&h, &b, c), "{c}");
+    }
+}
