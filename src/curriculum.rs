@@ -84,7 +84,8 @@ fn env_task(env: &EnvConfig) -> Result<Box<dyn Task>> {
         Box::new(
             EnvTask::from_factory(env.factory()?)
                 .continued_by(env.continue_with)
-                .contested(env.contest())?,
+                .contested(env.contest())?
+                .enumerating(env.enumerate_actions)?,
         )
     })
 }
@@ -102,10 +103,12 @@ fn stage_task(cfg: &Config, s: &StageSpec, resolved: &Config) -> Result<Box<dyn 
             let env = resolved.env.as_ref();
             let who = env.map(|e| e.continue_with).unwrap_or_default();
             let contest = env.and_then(|e| e.contest());
+            let enumerate = env.is_some_and(|e| e.enumerate_actions);
             let task = |name: &str, opts: &crate::envs::Options| -> Result<EnvTask> {
                 EnvTask::new(name, opts)?
                     .continued_by(who)
-                    .contested(contest)
+                    .contested(contest)?
+                    .enumerating(enumerate)
             };
             Box::new(MixtureTask::new(
                 envs.into_iter()

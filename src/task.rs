@@ -88,6 +88,12 @@ pub trait Task {
         let _ = prompt;
         None
     }
+    /// Answers every group of `prompt` holds besides its samples (`[env]
+    /// enumerate_actions`: one per legal action of the deciding seat). Default: none.
+    fn forced_answers(&self, prompt: &TaskPrompt) -> Vec<String> {
+        let _ = prompt;
+        Vec::new()
+    }
     /// Decision mode on an environment with no scripted policy (a remote server):
     /// [`Task::prompts`] gives undrawn prompts (a seed each), and this draws their
     /// decisions by letting `policy` (the model) play ([`envs::sample_decisions_with`]),
@@ -141,6 +147,8 @@ pub struct EnvTask {
     continue_with: ContinueWith,
     /// `[env] contested`: draw only decisions whose action matters.
     contest: Option<envs::ContestRule>,
+    /// `[env] enumerate_actions`: every legal action's answer joins each group.
+    enumerate: bool,
 }
 
 /// A prompt of an environment with no scripted policy, before the model has played
@@ -161,6 +169,7 @@ impl EnvTask {
             factory,
             continue_with: ContinueWith::Scripted,
             contest: None,
+            enumerate: false,
         }
     }
 
@@ -170,6 +179,27 @@ impl EnvTask {
         if let Some(r) = rule {
             envs::contest::check_contestable(self.factory.as_ref())?;
             self.contest = Some(r);
+        }
+        Ok(self)
+    }
+
+    /// Put every legal action's answer in each group (`[env] enumerate_actions`); an
+    /// error when the environment cannot list its seats' actions.
+    pub fn enumerating(mut self, on: bool) -> Result<Self> {
+        if on {
+            let listed = self.factory.scripted() && {
+                let d = envs::sample_decision(self.factory.as_ref(), 0);
+                d.env
+                    .as_scripted()
+                    .is_some_and(|s| !s.answer_texts(d.seat).is_empty())
+            };
+            anyhow::ensure!(
+                listed,
+                "[env] enumerate_actions: `{}` cannot list a seat's legal actions at a \
+                 decision (available for merge_ring and ticketmelt)",
+                self.factory.name()
+            );
+            self.enumerate = true;
         }
         Ok(self)
     }
@@ -232,6 +262,16 @@ impl Task for EnvTask {
         match self.continue_with {
             ContinueWith::Model => Ok(()),
             ContinueWith::Scripted => prefetch_decisions(prompts.iter().zip(samples)),
+        }
+    }
+    fn forced_answers(&self, prompt: &TaskPrompt) -> Vec<String> {
+        let decision = prompt.state.downcast_ref::<envs::Decision>();
+        match (self.enumerate, decision) {
+            (true, Some(d)) => d
+                .env
+                .as_scripted()
+                .map_or_else(Vec::new, |s| s.answer_texts(d.seat)),
+            _ => Vec::new(),
         }
     }
     fn model_continued<'a>(&self, prompt: &'a TaskPrompt) -> Option<&'a envs::Decision> {
@@ -387,6 +427,16 @@ impl Task for MixtureTask {
         match prompt.state.downcast_ref::<Tagged>() {
             Some(t) => self.envs[t.env].0.name(),
             None => self.name(),
+        }
+    }
+
+    fn forced_answers(&self, prompt: &TaskPrompt) -> Vec<String> {
+        if self.envs.len() == 1 {
+            return self.envs[0].0.forced_answers(prompt);
+        }
+        match prompt.state.downcast_ref::<Tagged>() {
+            Some(t) => self.envs[t.env].0.forced_answers(&t.inner),
+            None => Vec::new(),
         }
     }
 

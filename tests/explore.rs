@@ -239,3 +239,126 @@ fn sft_stops_at_its_target_and_stays_stopped() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("sft.stop_at_token_accuracy"), "{err}");
 }
+
+#[test]
+fn enumerate_actions_config_errors_name_the_key() {
+    let parse = |env: &str, grpo: &str| {
+        let text =
+            format!("[run]\nsteps = 1\n[model]\nname = \"tiny\"\n[grpo]\n{grpo}[env]\n{env}");
+        Config::from_toml_str(&text, "t.toml", &[])
+    };
+    let ok = parse("name = \"ticketmelt\"\nenumerate_actions = true\n", "").unwrap();
+    assert!(toml::to_string(&ok)
+        .unwrap()
+        .contains("enumerate_actions = true"));
+    assert!(concord::curriculum::build(&ok).is_ok());
+    let e = parse(
+        "name = \"ticketmelt\"\nenumerate_actions = true\nmode = \"episode\"\n",
+        "",
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("env.enumerate_actions") && e.contains("decision"),
+        "{e}"
+    );
+    let e = parse(
+        "url = \"ws://localhost:1\"\ncontinue_with = \"model\"\nenumerate_actions = true\n",
+        "",
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("env.enumerate_actions") && e.contains("server"),
+        "{e}"
+    );
+    let e = parse(
+        "name = \"ticketmelt\"\nenumerate_actions = true\n",
+        "importance_sampling_correction = true\n",
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("env.enumerate_actions") && e.contains("importance_sampling_correction"),
+        "{e}"
+    );
+    let w = parse("name = \"whispers\"\nenumerate_actions = true\n", "").unwrap();
+    let e = concord::curriculum::build(&w).err().unwrap().to_string();
+    assert!(
+        e.contains("enumerate_actions") && e.contains("whispers"),
+        "{e}"
+    );
+}
+
+/// Each group's enumerated answers are the deciding seat's legal actions, one each,
+/// scored like the model's own: their rewards spread as the contest measures.
+#[test]
+fn enumerated_answers_are_the_seats_legal_actions() {
+    use concord::task::{EnvTask, Task};
+    for (name, actions) in [
+        (
+            "ticketmelt",
+            &["DEPLOY_PROD_A", "DEPLOY_PROD_B", "MONITOR"][..],
+        ),
+        ("merge_ring", &["early", "late", "bypass"][..]),
+    ] {
+        let opts = toml::Table::new();
+        let plain = EnvTask::new(name, &opts).unwrap();
+        let mut task = EnvTask::new(name, &opts)
+            .unwrap()
+            .enumerating(true)
+            .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let spec = concord::model::tiny::TinySpec::default();
+        concord::model::tiny::init_tiny(&spec, dir.path()).unwrap();
+        let renderer = concord::model::tokenizer::Tokenizer::from_dir(dir.path()).unwrap();
+        let prompts = task.prompts(5, 6, &renderer).unwrap();
+        for p in &prompts {
+            assert!(plain.forced_answers(p).is_empty());
+            let answers = task.forced_answers(p);
+            assert_eq!(answers.len(), actions.len(), "{name}: {answers:?}");
+            for (a, want) in answers.iter().zip(actions) {
+                assert!(a.contains(want), "{name}: {a} is not {want}");
+            }
+            let d = p.state.downcast_ref::<concord::envs::Decision>().unwrap();
+            assert_eq!(
+                spread_by_hand(d, &answers.iter().map(String::as_str).collect::<Vec<_>>()),
+                action_spread(d).unwrap()
+            );
+        }
+    }
+}
+
+/// The quickstart with `enumerate_actions`: its columns are logged and in range.
+#[test]
+fn enumerate_actions_run_logs_its_columns() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = Path::new(env!("CARGO_MANIFEST_DIR")).join("configs/quickstart.toml");
+    concord::train::run(concord::train::TrainOptions {
+        config: Some(cfg),
+        sets: vec![
+            format!("run.output_dir={}", dir.path().display()),
+            format!("model.name={}", dir.path().join("tiny").display()),
+            "run.steps=2".into(),
+            "run.save_every=0".into(),
+            "sft.steps=2".into(),
+            "sft.examples=8".into(),
+            "grpo.max_completion_length=24".into(),
+            "env.enumerate_actions=true".into(),
+        ],
+        resume: None,
+        overwrite: false,
+    })
+    .unwrap();
+    let (h, rows) = read_csv(&dir.path().join("quickstart/training_log.csv"));
+    assert_eq!(rows.len(), 2);
+    for f in column(&h, &rows, "explore/sampled_best_frac") {
+        assert!((0.0..=1.0).contains(&f), "{f}");
+    }
+    assert!(column(&h, &rows, "explore/forced_advantage")
+        .iter()
+        .all(|a| a.is_finite()));
+    for d in column(&h, &rows, "completions/distinct_mean") {
+        assert!((1.0..=8.0).contains(&d), "{d}");
+    }
+}

@@ -763,3 +763,140 @@ fn bench_grpo_step_always_updates() {
     assert_eq!(r.micro_batches, 1, "{r:?}");
     assert!(r.memory_plan.starts_with("memory: estimate "), "{r:?}");
 }
+
+#[test]
+fn identical_completions_are_logged_per_group() {
+    // Near-greedy sampling writes one completion per prompt; T = 1 on the tiny model
+    // writes several. The column counts texts, not rewards.
+    let dir = tempfile::tempdir().unwrap();
+    let mut greedy = config(dir.path(), "greedy", 2);
+    greedy.grpo.temperature = 1e-4;
+    trainer(greedy, 0.0, false).train().unwrap();
+    trainer(config(dir.path(), "sampled", 2), 0.0, false)
+        .train()
+        .unwrap();
+    let (h, rows) = read_csv(&dir.path().join("greedy/training_log.csv"));
+    assert_eq!(
+        column(&h, &rows, "frac_identical_completions"),
+        vec![1.0; 2]
+    );
+    assert_eq!(column(&h, &rows, "completions/distinct_mean"), vec![1.0; 2]);
+    let (h, rows) = read_csv(&dir.path().join("sampled/training_log.csv"));
+    for (same, distinct) in column(&h, &rows, "frac_identical_completions")
+        .iter()
+        .zip(column(&h, &rows, "completions/distinct_mean"))
+    {
+        assert!(*same < 1.0 && distinct > 2.0, "{same} {distinct}");
+    }
+}
+
+/// Reward 1 for one exact completion the tiny model never writes, 0 for anything
+/// else; with `enumerate`, that completion and a losing one join every group.
+struct OnlyOneAnswer {
+    enumerate: bool,
+}
+
+const THE_ANSWER: &str = "5 5 5 5";
+
+impl Task for OnlyOneAnswer {
+    fn name(&self) -> String {
+        "only_one_answer".into()
+    }
+    fn prompts(
+        &mut self,
+        seed: u64,
+        n: usize,
+        r: &dyn Renderer,
+    ) -> anyhow::Result<Vec<TaskPrompt>> {
+        TokenShare.prompts(seed, n, r)
+    }
+    fn score(&self, _p: &TaskPrompt, c: &Completion) -> anyhow::Result<Reward> {
+        let won = (c.text == THE_ANSWER) as u8 as f64;
+        Ok(Reward {
+            components: BTreeMap::from([("won".to_string(), won)]),
+            scalar: won,
+        })
+    }
+    fn forced_answers(&self, _p: &TaskPrompt) -> Vec<String> {
+        match self.enumerate {
+            true => vec![THE_ANSWER.into(), "6 6".into()],
+            false => Vec::new(),
+        }
+    }
+}
+
+/// Mean log-probability of THE_ANSWER after the step's prompts.
+fn answer_logp(model: &Transformer, prompts: &[Vec<u32>]) -> f64 {
+    let answer: Vec<u32> = vec![5; 4];
+    let rows: Vec<Sequence> = prompts
+        .iter()
+        .map(|p| Sequence::demonstration(p, &answer))
+        .collect();
+    let refs: Vec<&Sequence> = rows.iter().collect();
+    let packed = pack(&refs, 0).unwrap();
+    let (logp, _) = completion_logprobs(model, &packed, Mode::Detached, 1.0, false).unwrap();
+    let v = logp.to_vec2::<f32>().unwrap();
+    v.iter().flatten().map(|&x| x as f64).sum::<f64>() / prompts.len() as f64
+}
+
+#[test]
+fn enumerated_actions_teach_an_answer_the_model_never_samples() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut logp = Vec::new();
+    for enumerate in [false, true] {
+        let name = format!("enumerate-{enumerate}");
+        let mut cfg = config(dir.path(), &name, 1);
+        cfg.env.as_mut().unwrap().enumerate_actions = enumerate;
+        let mut t = Trainer::new(
+            cfg.clone(),
+            tiny_model(0.0),
+            Box::new(IdRenderer),
+            Box::new(OnlyOneAnswer { enumerate }),
+            "tiny-random".into(),
+            false,
+        )
+        .unwrap();
+        t.quiet = true;
+        let mut prompts = Vec::new();
+        let mut before = 0.0;
+        let row = t
+            .step_with(|b| {
+                prompts = b.prompts.iter().map(|p| p.ids.clone()).collect();
+                assert_eq!(b.rollouts.len(), 4 * 8);
+                for g in b.rollouts.chunks(8) {
+                    let forced: Vec<&str> = g
+                        .iter()
+                        .filter(|r| r.forced)
+                        .map(|r| r.text.as_str())
+                        .collect();
+                    let want: &[&str] = if enumerate { &[THE_ANSWER, "6 6"] } else { &[] };
+                    assert_eq!(forced, want);
+                    // sampled first, then the enumerated answers, tokenized
+                    assert!(g[..8 - want.len()].iter().all(|r| !r.forced));
+                    for r in g.iter().filter(|r| r.forced) {
+                        assert!(r.sampler_logp.is_none());
+                        assert_eq!(IdRenderer.decode(&r.completion_ids).unwrap(), r.text);
+                    }
+                }
+            })
+            .unwrap();
+        // the trainer's weights before the step are the tiny model's
+        before += answer_logp(&tiny_model(0.0), &prompts);
+        let after = answer_logp(&t.model, &prompts);
+        logp.push((before, after));
+        let (h, rows) = read_csv(&dir.path().join(format!("{name}/training_log.csv")));
+        if enumerate {
+            // the sampled answers never win: the enumerated best sits above the mean
+            assert_eq!(column(&h, &rows, "explore/sampled_best_frac"), vec![0.0]);
+            assert!(column(&h, &rows, "explore/forced_advantage")[0] > 0.0);
+            assert_eq!(row.frac_reward_zero_std, 0.0);
+        } else {
+            assert!(!h.iter().any(|c| c.starts_with("explore/")), "{h:?}");
+            assert_eq!(row.frac_reward_zero_std, 1.0);
+            assert_eq!(row.grad_norm, 0.0);
+        }
+    }
+    let (plain, enumerated) = (logp[0], logp[1]);
+    assert!((plain.1 - plain.0).abs() < 1e-9, "{plain:?}");
+    assert!(enumerated.1 > enumerated.0 + 0.5, "{enumerated:?}");
+}

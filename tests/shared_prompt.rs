@@ -87,6 +87,7 @@ fn rollout(group: usize, prompt: &[u32], comp_len: usize, rng: &mut ChaCha8Rng) 
         scalar: 0.0,
         advantage: rng.gen::<f64>() * 2.0 - 1.0,
         sampler_logp: None,
+        forced: false,
     }
 }
 

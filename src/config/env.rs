@@ -79,6 +79,18 @@ pub struct EnvConfig {
         skip_serializing_if = "is_default_draws"
     )]
     pub contested_draws: usize,
+    /// Decision mode: every group also holds one completion per legal action of the
+    /// deciding seat (the environment's own answer text for it, in the prompt's
+    /// format), in place of as many sampled ones; the rest are sampled. A confident
+    /// model then still meets the actions it would not write, scored like its own, so
+    /// GRPO can move it toward the best of them (one step of policy improvement)
+    /// instead of drawing groups of identical answers. Those completions are not the
+    /// model's samples: the log gets `explore/sampled_best_frac` and
+    /// `explore/forced_advantage`, the `sampling/*` columns stay empty, and
+    /// `grpo.importance_sampling_correction` is refused. Built-in `merge_ring` and
+    /// `ticketmelt`; `num_generations` must exceed their action count.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub enumerate_actions: bool,
     /// `[env.options]`: the environment's own options (see `concord envs describe
     /// NAME`), checked by the environment when the config loads.
     #[serde(default)]
@@ -158,6 +170,7 @@ impl EnvConfig {
             contested: false,
             contested_margin: 0.0,
             contested_draws: DEFAULT_CONTESTED_DRAWS,
+            enumerate_actions: false,
             options,
         }
     }
@@ -276,22 +289,27 @@ impl EnvConfig {
         if self.contested_draws == 0 {
             return Err(err("contested_draws", "must be at least 1"));
         }
-        if !self.contested {
-            return Ok(());
-        }
-        if self.url.is_some() {
-            return Err(err(
-                "contested",
-                "needs the environment's scripted continuation: a built-in environment, \
-                 not an OpenEnv server",
-            ));
-        }
-        if self.is_episode() {
-            return Err(err(
-                "contested",
-                "applies in decision mode: an episode starts at the reset, with no \
-                 decision to draw",
-            ));
+        for (key, set) in [
+            ("contested", self.contested),
+            ("enumerate_actions", self.enumerate_actions),
+        ] {
+            if !set {
+                continue;
+            }
+            if self.url.is_some() {
+                return Err(err(
+                    key,
+                    "needs the environment's legal actions and scripted continuation: a \
+                     built-in environment, not an OpenEnv server",
+                ));
+            }
+            if self.is_episode() {
+                return Err(err(
+                    key,
+                    "applies in decision mode: an episode starts at the reset, with no \
+                     decision to draw",
+                ));
+            }
         }
         Ok(())
     }

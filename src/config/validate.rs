@@ -54,6 +54,15 @@ impl Config {
                 "applies to mode = \"decision\" only (an episode is played by the model already)",
             ));
         }
+        if env.enumerate_actions && self.grpo.importance_sampling_correction {
+            return Err(ValidationError::at(
+                "env",
+                "enumerate_actions",
+                "its completions are not the sampler's, so they have no sampler \
+                 log-probabilities to correct with: drop \
+                 grpo.importance_sampling_correction",
+            ));
+        }
         if env.is_episode() {
             if self.grpo.dynamic_sampling {
                 return Err(ValidationError::at(

@@ -54,11 +54,12 @@ impl Batch {
         self.rollouts.iter().map(|r| r.completion_ids.len()).sum()
     }
 
-    /// Completion tokens the model sampled (environment tokens of episode mode left
-    /// out; the same as [`Batch::gen_tokens`] in decision mode).
+    /// Completion tokens the model sampled (environment tokens of episode mode and
+    /// `enumerate_actions`' answers left out).
     pub fn sampled_tokens(&self) -> usize {
         self.rollouts
             .iter()
+            .filter(|r| !r.forced)
             .map(|r| r.env_mask.iter().filter(|&&m| m > 0.0).count())
             .sum()
     }
@@ -223,12 +224,17 @@ fn draw_decisions(
     if prompts.is_empty() {
         return Ok(Vec::new());
     }
+    let forced: Vec<Vec<Completion>> = prompts
+        .iter()
+        .map(|p| forced_completions(task, renderer, g, p))
+        .collect::<Result<_>>()?;
     let requests: Vec<GroupRequest> = prompts
         .iter()
+        .zip(&forced)
         .enumerate()
-        .map(|(i, p)| GroupRequest {
+        .map(|(i, (p, f))| GroupRequest {
             prompt: &p.ids,
-            num: gsize,
+            num: gsize - f.len(),
             stream_prompt: first + i,
             first_sample: 0,
         })
@@ -236,15 +242,21 @@ fn draw_decisions(
     let params = g.sampling_params(renderer.stop_ids(), mix(seed, 1));
     let decode = |ids: &[u32]| renderer.decode(ids);
     let t = Instant::now();
-    let (samples, _) = sample::sample_requests(model, &decode, &requests, &params, params.seed)?;
+    let (mut samples, _) =
+        sample::sample_requests(model, &decode, &requests, &params, params.seed)?;
     drop(requests);
     timing.sample += t.elapsed().as_secs_f64();
     let t = Instant::now();
-    if let Some(pi) = samples.iter().position(|c| c.len() != gsize) {
-        bail!(
-            "sampler returned {} completions for prompt {pi}, expected {gsize}",
-            samples[pi].len()
-        );
+    let sampled: Vec<usize> = samples.iter().map(Vec::len).collect();
+    for (pi, (s, f)) in samples.iter_mut().zip(forced).enumerate() {
+        if s.len() + f.len() != gsize {
+            bail!(
+                "sampler returned {} completions for prompt {pi}, expected {}",
+                s.len(),
+                gsize - f.len()
+            );
+        }
+        s.extend(f);
     }
     // continuations sample on streams of their own
     let cont = g.sampling_params(renderer.stop_ids(), mix(seed, 2));
@@ -263,19 +275,21 @@ fn draw_decisions(
         prompts.into_iter().zip(samples).zip(rewards).enumerate()
     {
         let mut rollouts = Vec::with_capacity(gsize);
-        for (c, reward) in comps.into_iter().zip(rewards) {
+        for (j, (c, reward)) in comps.into_iter().zip(rewards).enumerate() {
             let scalar = weighted_reward(&reward.components, reward.scalar, &g.reward_weights);
+            let forced = j >= sampled[pi];
             rollouts.push(Rollout {
                 group: first + pi,
                 prompt_ids: prompt.ids.clone(),
                 env_mask: vec![1.0; c.ids.len()],
-                sampler_logp: Some(c.full_logprobs),
+                sampler_logp: (!forced).then_some(c.full_logprobs),
                 completion_ids: c.ids,
                 truncated: c.finish_reason == FinishReason::Length,
                 text: c.text,
                 reward,
                 scalar,
                 advantage: 0.0,
+                forced,
             });
         }
         groups.push(Group {
@@ -286,6 +300,53 @@ fn draw_decisions(
     }
     timing.score += t.elapsed().as_secs_f64();
     Ok(groups)
+}
+
+/// The completions `[env] enumerate_actions` puts in `prompt`'s group: each legal
+/// action's answer, tokenized as the model would write it and ended with its stop
+/// token.
+fn forced_completions(
+    task: &dyn Task,
+    renderer: &dyn Renderer,
+    g: &GrpoConfig,
+    prompt: &TaskPrompt,
+) -> Result<Vec<Completion>> {
+    let answers = task.forced_answers(prompt);
+    if answers.len() >= g.num_generations {
+        bail!(
+            "[env] enumerate_actions: {} legal actions leave no sampled completion in a \
+             group of grpo.num_generations = {}",
+            answers.len(),
+            g.num_generations
+        );
+    }
+    let stop = renderer.stop_ids().first().copied();
+    answers
+        .into_iter()
+        .map(|text| {
+            let mut ids = renderer.encode_text(&text)?;
+            ids.extend(stop);
+            if ids.len() > g.max_completion_length {
+                bail!(
+                    "[env] enumerate_actions: the answer `{text}` takes {} tokens, more \
+                     than grpo.max_completion_length = {}",
+                    ids.len(),
+                    g.max_completion_length
+                );
+            }
+            Ok(Completion {
+                finish_reason: if stop.is_some() {
+                    FinishReason::Eos
+                } else {
+                    FinishReason::Stop
+                },
+                sample_logprobs: vec![0.0; ids.len()],
+                full_logprobs: vec![0.0; ids.len()],
+                ids,
+                text,
+            })
+        })
+        .collect()
 }
 
 /// The reward of every completion of every prompt: [`Task::score`], or, where the task
@@ -388,6 +449,7 @@ fn draw_episodes(
                 reward: p.reward,
                 scalar,
                 advantage: 0.0,
+                forced: false,
             });
         }
         groups.push(Group {

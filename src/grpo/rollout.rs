@@ -23,6 +23,9 @@ pub struct Rollout {
     /// The sampler's log-probs of the completion tokens under `softmax(logits / T)`
     /// (what the trainer recomputes), for the mismatch metrics and corrections.
     pub sampler_logp: Option<Vec<f32>>,
+    /// Put in the group, not sampled (`[env] enumerate_actions`).
+    #[serde(default)]
+    pub forced: bool,
 }
 
 impl Rollout {
@@ -67,6 +70,7 @@ mod tests {
             scalar: 0.0,
             advantage: -0.25,
             sampler_logp: Some(vec![-1.0; 3]),
+            forced: false,
         };
         let s = r.sequence(false);
         assert_eq!(s.mask, vec![1.0, 0.0, 1.0]);

@@ -478,6 +478,9 @@ fn optional_columns(stages: &[Stage]) -> log::OptionalColumns {
         contested: stages
             .iter()
             .any(|s| s.cfg.env.as_ref().is_some_and(|e| e.contested)),
+        enumerate: stages
+            .iter()
+            .any(|s| s.cfg.env.as_ref().is_some_and(|e| e.enumerate_actions)),
     }
 }
 

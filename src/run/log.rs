@@ -23,6 +23,10 @@ pub struct StepRow {
     pub reward: f64,
     pub reward_std: f64,
     pub frac_reward_zero_std: f64,
+    /// Share of the trained groups whose completions are all token-identical.
+    pub frac_identical_completions: f64,
+    /// Distinct completions per trained group, on average.
+    pub distinct_completions: f64,
     /// Prompts drawn this step (dynamic sampling only).
     pub prompt_draws: f64,
     /// Reward component name -> (mean, std) over the step's completions.
@@ -80,6 +84,10 @@ pub struct StepRow {
     pub decision_draws: f64,
     pub contested_frac: f64,
     pub action_spread: f64,
+    /// `[env] enumerate_actions`: the share of groups in which a sampled completion
+    /// reached the group's best reward, and the mean advantage of the enumerated ones.
+    pub sampled_best_frac: f64,
+    pub forced_advantage: f64,
 }
 
 type Column = (&'static str, fn(&StepRow) -> f64);
@@ -89,6 +97,10 @@ pub const HEAD_COLUMNS: &[Column] = &[
     ("reward", |r| r.reward),
     ("reward_std", |r| r.reward_std),
     ("frac_reward_zero_std", |r| r.frac_reward_zero_std),
+    ("frac_identical_completions", |r| {
+        r.frac_identical_completions
+    }),
+    ("completions/distinct_mean", |r| r.distinct_completions),
 ];
 
 /// Written after [`HEAD_COLUMNS`] by runs with `grpo.dynamic_sampling` (whose
@@ -168,6 +180,12 @@ pub const CONTEST_COLUMNS: &[Column] = &[
     ("decisions/action_spread", |r| r.action_spread),
 ];
 
+/// Written after [`CONTEST_COLUMNS`] by runs with `[env] enumerate_actions`.
+pub const ENUMERATE_COLUMNS: &[Column] = &[
+    ("explore/sampled_best_frac", |r| r.sampled_best_frac),
+    ("explore/forced_advantage", |r| r.forced_advantage),
+];
+
 /// The column groups only some runs write.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct OptionalColumns {
@@ -181,6 +199,8 @@ pub struct OptionalColumns {
     pub episode: bool,
     /// [`CONTEST_COLUMNS`].
     pub contested: bool,
+    /// [`ENUMERATE_COLUMNS`].
+    pub enumerate: bool,
 }
 
 /// Columns whose values depend on wall time (excluded when comparing runs).
@@ -201,6 +221,9 @@ pub fn csv_header(components: &[String], optional: OptionalColumns) -> Vec<Strin
     }
     if optional.contested {
         h.extend(CONTEST_COLUMNS.iter().map(|(n, _)| n.to_string()));
+    }
+    if optional.enumerate {
+        h.extend(ENUMERATE_COLUMNS.iter().map(|(n, _)| n.to_string()));
     }
     for c in components {
         h.push(format!("rewards/{c}/mean"));
@@ -252,6 +275,7 @@ pub fn csv_line(header: &[String], row: &StepRow) -> String {
             .iter()
             .chain(DYNAMIC_SAMPLING_COLUMNS)
             .chain(CONTEST_COLUMNS)
+            .chain(ENUMERATE_COLUMNS)
             .chain(TAIL_COLUMNS)
             .chain(CISPO_COLUMNS)
             .chain(VESPO_COLUMNS)

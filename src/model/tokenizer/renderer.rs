@@ -69,6 +69,15 @@ impl Renderer for IdRenderer {
     fn stop_ids(&self) -> Vec<u32> {
         Vec::new()
     }
+    /// The inverse of `decode`: whitespace-separated ids.
+    fn encode_text(&self, text: &str) -> Result<Vec<u32>> {
+        text.split_whitespace()
+            .map(|t| {
+                t.parse::<u32>()
+                    .map_err(|_| anyhow::anyhow!("IdRenderer cannot encode `{t}`: not a token id"))
+            })
+            .collect()
+    }
 }
 
 /// A bare decoder (a closure) is a renderer that cannot render chats and has no stop
