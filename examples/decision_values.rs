@@ -9,8 +9,13 @@
 //! which every action ties (a group of such a prompt ties whatever the model writes;
 //! `[env] contested` skips them), each action's mean reward, and the best action; then
 //! each action's mean over all decisions: the constant a policy that cannot tell the
-//! situations apart drifts to.
+//! situations apart drifts to. Last, one step of policy improvement: the mean seat
+//! reward, over held-out episodes, of the policy that plays at every decision the best
+//! action of this reward (the action now, the continuation after it), beside the
+//! continuation policy's own: how far decision-mode GRPO can lead past the policy
+//! that finishes its episodes.
 use concord::envs::{self, contest::action_spread, score_decision, training_seed};
+use concord::envs::{eval_seed, score_joint, EnvFactory};
 use std::collections::BTreeMap;
 
 const DECISIONS: u64 = 3000;
@@ -92,5 +97,57 @@ fn main() -> anyhow::Result<()> {
         "",
         cells.join(" ")
     );
+    let greedy = mean_seat_reward(factory.as_ref(), true)?;
+    let plain = mean_seat_reward(factory.as_ref(), false)?;
+    println!(
+        "greedy over this reward: {greedy:.4}; the continuation policy itself: {plain:.4} \
+         (mean policy-seat reward, {EPISODES} held-out episodes)"
+    );
     Ok(())
+}
+
+const EPISODES: u64 = 400;
+
+/// Mean reward of the policy seats over held-out episodes, each seat playing the best
+/// action of the decision reward (`greedy`) or the continuation policy's.
+fn mean_seat_reward(factory: &dyn EnvFactory, greedy: bool) -> anyhow::Result<f64> {
+    let (mut sum, mut n) = (0.0, 0usize);
+    for i in 0..EPISODES {
+        let mut env = factory.reset(eval_seed(i));
+        let seats = env.policy_seats();
+        while !env.done() {
+            let texts: Vec<String> = env
+                .to_act()
+                .into_iter()
+                .map(|s| {
+                    let options = env.as_scripted().map(|x| x.answer_texts(s));
+                    match options.filter(|o| greedy && !o.is_empty() && seats.contains(&s)) {
+                        Some(o) => best_answer(env.as_ref(), s, o),
+                        None => env.continuation_action(s),
+                    }
+                })
+                .collect();
+            env.step(&texts)?;
+        }
+        for s in seats {
+            sum += env.reward(s).scalar;
+            n += 1;
+        }
+    }
+    Ok(sum / n.max(1) as f64)
+}
+
+/// The answer whose reward (played now, the continuation after it) is highest; the
+/// last of equals.
+fn best_answer(env: &dyn envs::Environment, seat: usize, options: Vec<String>) -> String {
+    let mut best = (f64::NEG_INFINITY, String::new());
+    for o in options {
+        let r = score_joint(env, &[(seat, &o)])
+            .first()
+            .map_or(f64::NEG_INFINITY, |r| r.scalar);
+        if r >= best.0 {
+            best = (r, o);
+        }
+    }
+    best.1
 }
