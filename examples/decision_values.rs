@@ -97,6 +97,11 @@ fn main() -> anyhow::Result<()> {
         "",
         cells.join(" ")
     );
+    let (below, gap) = continuation_below_best(factory.as_ref());
+    println!(
+        "the continuation policy's own action is below the best in {below:.3} of decisions \
+         (mean shortfall there {gap:.3})"
+    );
     let greedy = mean_seat_reward(factory.as_ref(), true)?;
     let plain = mean_seat_reward(factory.as_ref(), false)?;
     println!(
@@ -107,6 +112,31 @@ fn main() -> anyhow::Result<()> {
 }
 
 const EPISODES: u64 = 400;
+
+/// The share of training decisions at which the continuation policy's own action earns
+/// less than the best action, and its mean shortfall there: the decisions from which
+/// GRPO can learn to do better than the policy that finishes the episodes.
+fn continuation_below_best(factory: &dyn EnvFactory) -> (f64, f64) {
+    let (mut below, mut gap) = (0usize, 0.0);
+    for i in 0..DECISIONS {
+        let d = envs::sample_decision(factory, training_seed(10_000 + i));
+        let options = d
+            .env
+            .as_scripted()
+            .map_or_else(Vec::new, |s| s.answer_texts(d.seat));
+        let own = d.env.clone_box().continuation_action(d.seat);
+        let r = score_decision(&d, &own).scalar;
+        let best = options
+            .iter()
+            .map(|t| score_decision(&d, t).scalar)
+            .fold(r, f64::max);
+        if best > r + 1e-9 {
+            below += 1;
+            gap += best - r;
+        }
+    }
+    (below as f64 / DECISIONS as f64, gap / below.max(1) as f64)
+}
 
 /// Mean reward of the policy seats over held-out episodes, each seat playing the best
 /// action of the decision reward (`greedy`) or the continuation policy's.
