@@ -97,11 +97,13 @@ fn main() -> anyhow::Result<()> {
         "",
         cells.join(" ")
     );
-    let (below, gap) = continuation_below_best(factory.as_ref());
-    println!(
-        "the continuation policy's own action is below the best in {below:.3} of decisions \
-         (mean shortfall there {gap:.3})"
-    );
+    for (margin, kept, below, gap) in continuation_below_best(factory.as_ref()) {
+        println!(
+            "decisions whose actions spread by more than {margin}: {kept:.3} of all; the \
+             continuation policy's own action is below the best in {below:.3} of them (mean \
+             shortfall there {gap:.3})"
+        );
+    }
     let greedy = mean_seat_reward(factory.as_ref(), true)?;
     let plain = mean_seat_reward(factory.as_ref(), false)?;
     println!(
@@ -113,29 +115,44 @@ fn main() -> anyhow::Result<()> {
 
 const EPISODES: u64 = 400;
 
-/// The share of training decisions at which the continuation policy's own action earns
-/// less than the best action, and its mean shortfall there: the decisions from which
-/// GRPO can learn to do better than the policy that finishes the episodes.
-fn continuation_below_best(factory: &dyn EnvFactory) -> (f64, f64) {
-    let (mut below, mut gap) = (0usize, 0.0);
-    for i in 0..DECISIONS {
-        let d = envs::sample_decision(factory, training_seed(10_000 + i));
-        let options = d
-            .env
-            .as_scripted()
-            .map_or_else(Vec::new, |s| s.answer_texts(d.seat));
-        let own = d.env.clone_box().continuation_action(d.seat);
-        let r = score_decision(&d, &own).scalar;
-        let best = options
-            .iter()
-            .map(|t| score_decision(&d, t).scalar)
-            .fold(r, f64::max);
-        if best > r + 1e-9 {
-            below += 1;
-            gap += best - r;
-        }
-    }
-    (below as f64 / DECISIONS as f64, gap / below.max(1) as f64)
+/// Per contest margin (`[env] contested_margin`): the share of training decisions whose
+/// actions spread by more than it, and among those the share at which the
+/// continuation policy's own action earns less than the best action, with its mean
+/// shortfall there: the decisions from which GRPO can learn to do better than the
+/// policy that finishes the episodes.
+fn continuation_below_best(factory: &dyn EnvFactory) -> Vec<(f64, f64, f64, f64)> {
+    // (spread, shortfall) per decision
+    let rows: Vec<(f64, f64)> = (0..DECISIONS)
+        .map(|i| {
+            let d = envs::sample_decision(factory, training_seed(10_000 + i));
+            let options = d
+                .env
+                .as_scripted()
+                .map_or_else(Vec::new, |s| s.answer_texts(d.seat));
+            let own = d.env.clone_box().continuation_action(d.seat);
+            let r = score_decision(&d, &own).scalar;
+            let best = options
+                .iter()
+                .map(|t| score_decision(&d, t).scalar)
+                .fold(r, f64::max);
+            (action_spread(&d).unwrap_or(0.0), best - r)
+        })
+        .collect();
+    [0.0, 0.05, 0.1, 0.15, 0.2]
+        .into_iter()
+        .map(|m| {
+            let kept: Vec<f64> = rows.iter().filter(|r| r.0 > m).map(|r| r.1).collect();
+            let below: Vec<f64> = kept.iter().cloned().filter(|&g| g > 1e-9).collect();
+            let n = kept.len().max(1) as f64;
+            let gap = below.iter().sum::<f64>() / below.len().max(1) as f64;
+            (
+                m,
+                kept.len() as f64 / DECISIONS as f64,
+                below.len() as f64 / n,
+                gap,
+            )
+        })
+        .collect()
 }
 
 /// Mean reward of the policy seats over held-out episodes, each seat playing the best
