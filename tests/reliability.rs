@@ -682,6 +682,20 @@ fn config_gaps_are_closed() {
         e.starts_with("c.toml: line 22:") && e.contains("nosuchenv"),
         "{e}"
     );
+    // The variables Concord sets at every render cannot be overridden (issue 54, item 6).
+    for k in ["add_generation_prompt", "bos_token", "messages"] {
+        let e = bad(&[&format!("model.chat_template_kwargs.{k}=false")]);
+        assert!(
+            e.contains("model.chat_template_kwargs") && e.contains(&format!("`{k}`")),
+            "{e}"
+        );
+    }
+    let ok = Config::from_toml_str(
+        &base,
+        "c.toml",
+        &["model.chat_template_kwargs.enable_thinking=true".to_string()],
+    );
+    assert!(ok.is_ok(), "{:?}", ok.err());
 }
 
 /// A copy of the tiny model with `edit` applied to its config.json.

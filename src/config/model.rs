@@ -241,6 +241,23 @@ impl ModelConfig {
         if let Err(e) = parse_device_name(&self.device) {
             return Err(ValidationError::at("model", "device", e));
         }
+        let reserved = crate::model::tokenizer::RESERVED_TEMPLATE_VARIABLES;
+        if let Some(k) = self
+            .chat_template_kwargs
+            .keys()
+            .find(|k| reserved.contains(&k.as_str()))
+        {
+            return Err(ValidationError::at(
+                "model",
+                "chat_template_kwargs",
+                format!(
+                    "`{k}` is set by Concord at every render (the conversation, the \
+                     generation prompt, tools, documents and the tokenizer's special \
+                     tokens: {}); it cannot be overridden",
+                    reserved.join(", ")
+                ),
+            ));
+        }
         Ok(())
     }
 }

@@ -45,6 +45,20 @@ pub struct Tokenizer {
     stop_ids: Vec<u32>,
 }
 
+/// The template variables Concord itself sets at every render: the conversation, the
+/// generation prompt, the tool and document lists and the tokenizer's special tokens.
+/// `[model] chat_template_kwargs` may not name them.
+pub const RESERVED_TEMPLATE_VARIABLES: &[&str] = &[
+    "messages",
+    "add_generation_prompt",
+    "tools",
+    "documents",
+    "bos_token",
+    "eos_token",
+    "pad_token",
+    "unk_token",
+];
+
 /// The template variables Concord passes unless `[model] chat_template_kwargs` says
 /// otherwise:
 /// - `enable_thinking = false`: Qwen3's template then closes an empty `<think>` block in
