@@ -29,6 +29,37 @@ pub fn atomic_write(path: &Path, write: impl FnOnce(&Path) -> Result<()>) -> Res
         .with_context(|| format!("renaming {} to {}", tmp.display(), path.display()))
 }
 
+/// Fail now, before hours of work, if [`atomic_write`] of `path` would fail later: a
+/// directory in its place, a folder that does not exist (it is not created), or a
+/// folder that takes no new file (a probe file is created there and removed).
+pub fn check_writable(path: &Path) -> Result<()> {
+    if path.is_dir() {
+        anyhow::bail!("{}: is a directory, not a file to write", path.display());
+    }
+    let name = path
+        .file_name()
+        .with_context(|| format!("{} has no file name", path.display()))?;
+    let dir = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    if !dir.is_dir() {
+        anyhow::bail!(
+            "{}: its folder {} does not exist",
+            path.display(),
+            dir.display()
+        );
+    }
+    let mut probe = std::ffi::OsString::from(".");
+    probe.push(name);
+    probe.push(format!(".{}.probe", std::process::id()));
+    let probe = dir.join(probe);
+    std::fs::write(&probe, b"")
+        .with_context(|| format!("{}: cannot write in {}", path.display(), dir.display()))?;
+    let _ = std::fs::remove_file(&probe);
+    Ok(())
+}
+
 /// [`atomic_write`] of a byte buffer.
 pub fn atomic_write_bytes(path: &Path, bytes: &[u8]) -> Result<()> {
     atomic_write(path, |tmp| {

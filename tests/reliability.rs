@@ -1908,3 +1908,64 @@ fn credentials_in_an_env_url_stay_out_of_the_output() {
     assert!(err.contains("127.0.0.1:1"), "names the server: {err}");
     assert!(!err.contains("hunter2secret"), "{err}");
 }
+
+/// Issue 54, item 11: every file `eval` would write is checked before any episode is
+/// played (1,000 episodes would take minutes), and a refused output leaves nothing.
+#[test]
+fn eval_outputs_are_checked_before_playing() {
+    let d = tempfile::tempdir().unwrap();
+    let cfg = write_config(d.path(), 1, 0);
+    let eval = |out: &Path, extra: &[&str]| {
+        let t0 = Instant::now();
+        let mut c = concord();
+        c.args(["eval", "--config", cfg.to_str().unwrap(), "--base"])
+            .args(["--episodes", "1000", "--out", out.to_str().unwrap()])
+            .args(extra);
+        let (rc, text) = run(&mut c);
+        assert_ne!(rc, Some(0), "{text}");
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "played first: {text}"
+        );
+        text
+    };
+    // a folder that does not exist is not created
+    let missing = d.path().join("no/such/dir/e.json");
+    let e = eval(&missing, &[]);
+    assert!(
+        e.contains("no/such/dir") && e.contains("does not exist"),
+        "{e}"
+    );
+    assert!(!d.path().join("no").exists());
+    // a directory where the decisions file goes
+    let out = d.path().join("e.json");
+    std::fs::create_dir(d.path().join("e_decisions.jsonl")).unwrap();
+    let e = eval(&out, &[]);
+    assert!(
+        e.contains("e_decisions.jsonl") && e.contains("directory"),
+        "{e}"
+    );
+    // a folder that takes no file (skipped as root, who may write anywhere)
+    let ro = d.path().join("ro");
+    std::fs::create_dir(&ro).unwrap();
+    let mut perm = std::fs::metadata(&ro).unwrap().permissions();
+    perm.set_readonly(true);
+    std::fs::set_permissions(&ro, perm).unwrap();
+    if std::fs::write(ro.join("x"), b"").is_err() {
+        let e = eval(&ro.join("e.json"), &["--transcripts"]);
+        assert!(e.contains("cannot write"), "{e}");
+    }
+    // nothing was left behind
+    let mut left: Vec<String> = Vec::new();
+    for dir in [d.path().to_path_buf(), ro.clone()] {
+        for f in std::fs::read_dir(&dir).unwrap() {
+            left.push(f.unwrap().file_name().to_string_lossy().into_owned());
+        }
+    }
+    left.sort();
+    assert!(
+        left.iter()
+            .all(|f| !f.ends_with(".tmp") && !f.ends_with(".probe") && f != "e.json"),
+        "{left:?}"
+    );
+}

@@ -514,6 +514,20 @@ pub fn run_eval(args: EvalOptions) -> Result<()> {
     if args.transcripts && args.base && args.out.is_none() {
         bail!("--transcripts are written beside the report: give --out FILE with --base");
     }
+    let out = args
+        .out
+        .clone()
+        .or_else(|| adapter.as_ref().map(|a| a.join(EVAL_JSON)));
+    if let Some(p) = &out {
+        // every file the evaluation ends by writing, checked before it plays
+        let mut files = vec![p.clone(), decisions_path(p)];
+        if args.transcripts {
+            files.push(sibling_path(p, "transcripts"));
+        }
+        for f in &files {
+            crate::atomic::check_writable(f).context("eval output")?;
+        }
+    }
     let envs = eval_targets(&cfg)?;
     // Each model evaluated is loaded in turn below: the run's start (`model.adapter`)
     // is not loaded first, so evaluating an adapter never needs the start it was
@@ -620,10 +634,6 @@ pub fn run_eval(args: EvalOptions) -> Result<()> {
             },
         );
     }
-    let out = args
-        .out
-        .clone()
-        .or_else(|| adapter.as_ref().map(|a| a.join(EVAL_JSON)));
     if let Some(p) = &out {
         report.write(p)?;
         if !decisions.is_empty() {
