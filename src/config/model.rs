@@ -114,7 +114,9 @@ pub struct ModelConfig {
     pub adapter: Option<PathBuf>,
     /// Extra chat-template variables, over Concord's defaults `enable_thinking =
     /// false` (Qwen3 answers without a reasoning trace) and `date_string = "26 Jul
-    /// 2024"` (Llama 3's system prompt does not change by day).
+    /// 2024"` (Llama 3's system prompt does not change by day). The variables Concord
+    /// sets at every render (`messages`, `add_generation_prompt`, `tools`, `documents`,
+    /// the special tokens) cannot be set here.
     /// TRL: `chat_template_kwargs`.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub chat_template_kwargs: BTreeMap<String, toml::Value>,
