@@ -875,6 +875,9 @@ fn enumerated_actions_teach_an_answer_the_model_never_samples() {
                     assert!(g[..8 - want.len()].iter().all(|r| !r.forced));
                     for r in g.iter().filter(|r| r.forced) {
                         assert!(r.sampler_logp.is_none());
+                        // the losing enumerated answer only counts in the mean
+                        assert!(r.advantage >= 0.0, "{}: {}", r.text, r.advantage);
+                        assert_eq!(r.advantage > 0.0, r.text == THE_ANSWER);
                         assert_eq!(IdRenderer.decode(&r.completion_ids).unwrap(), r.text);
                     }
                 }

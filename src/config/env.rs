@@ -84,7 +84,9 @@ pub struct EnvConfig {
     /// format), in place of as many sampled ones; the rest are sampled. A confident
     /// model then still meets the actions it would not write, scored like its own, so
     /// GRPO can move it toward the best of them (one step of policy improvement)
-    /// instead of drawing groups of identical answers. Those completions are not the
+    /// instead of drawing groups of identical answers. They count in their group's mean,
+    /// but train only with a positive advantage: they pull the model toward a better
+    /// action and never push down one it does not write. Those completions are not the
     /// model's samples: the log gets `explore/sampled_best_frac` and
     /// `explore/forced_advantage`, the `sampling/*` columns stay empty, and
     /// `grpo.importance_sampling_correction` is refused. Built-in `merge_ring` and

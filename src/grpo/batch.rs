@@ -557,7 +557,10 @@ pub fn collect(
         }
     };
     for (r, a) in rollouts.iter_mut().zip(&advantages.values) {
-        r.advantage = *a;
+        // An enumerated answer only pulls (`[env] enumerate_actions`): pushing down an
+        // answer the model does not write moves its probability to arbitrary tokens
+        // (the merge-ring run's answer format broke within 30 steps when it could).
+        r.advantage = if r.forced { a.max(0.0) } else { *a };
     }
     Ok(Batch {
         prompts,

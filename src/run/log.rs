@@ -85,7 +85,8 @@ pub struct StepRow {
     pub contested_frac: f64,
     pub action_spread: f64,
     /// `[env] enumerate_actions`: the share of groups in which a sampled completion
-    /// reached the group's best reward, and the mean advantage of the enumerated ones.
+    /// reached the group's best reward, and the mean advantage the enumerated ones train
+    /// with (never below 0).
     pub sampled_best_frac: f64,
     pub forced_advantage: f64,
 }
