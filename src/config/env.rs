@@ -79,6 +79,18 @@ pub struct EnvConfig {
         skip_serializing_if = "is_default_draws"
     )]
     pub contested_draws: usize,
+    /// With `contested`: the share of prompts judged by *regret* instead of spread: a
+    /// decision is kept when the continuation policy's own action falls more than
+    /// `contested_margin` short of the best legal action, that is where one step of
+    /// policy improvement over the continuation changes the move. A seeded coin per
+    /// prompt decides which rule judges it. A warm start that imitates the
+    /// continuation policy meets, at decisions drawn by spread, mostly decisions at
+    /// which its own move is already the best; regret draws the ones that teach it a
+    /// better move (pair it with `enumerate_actions`, which shows that move). The log's
+    /// `decisions/regret` is the kept decisions' mean regret, whatever this share.
+    /// Range: [0, 1].
+    #[serde(default, skip_serializing_if = "is_zero_f64")]
+    pub contested_regret_share: f64,
     /// Decision mode: every group also holds one completion per legal action of the
     /// deciding seat (the environment's own answer text for it, in the prompt's
     /// format), in place of as many sampled ones; the rest are sampled. A confident
@@ -172,6 +184,7 @@ impl EnvConfig {
             contested: false,
             contested_margin: 0.0,
             contested_draws: DEFAULT_CONTESTED_DRAWS,
+            contested_regret_share: 0.0,
             enumerate_actions: false,
             options,
         }
@@ -185,6 +198,7 @@ impl EnvConfig {
         self.contested.then_some(crate::envs::ContestRule {
             margin: self.contested_margin,
             draws: self.contested_draws,
+            regret_share: self.contested_regret_share,
         })
     }
 
@@ -212,10 +226,12 @@ impl EnvConfig {
         }
     }
 
-    /// How logs and reports name the environment: its registry name, or its URL.
+    /// How logs and reports name the environment: its registry name, or its URL with
+    /// any credentials in it replaced by `***` (reports, logs and transcripts are
+    /// shared; the password is not theirs to carry).
     pub fn label(&self) -> String {
         match &self.url {
-            Some(u) => u.clone(),
+            Some(u) => crate::sys::redact_url_credentials(u),
             None => self.name.clone(),
         }
     }
@@ -290,6 +306,18 @@ impl EnvConfig {
         }
         if self.contested_draws == 0 {
             return Err(err("contested_draws", "must be at least 1"));
+        }
+        if !(0.0..=1.0).contains(&self.contested_regret_share) {
+            return Err(err(
+                "contested_regret_share",
+                format!("{} is not a share in [0, 1]", self.contested_regret_share),
+            ));
+        }
+        if self.contested_regret_share > 0.0 && !self.contested {
+            return Err(err(
+                "contested_regret_share",
+                "applies with contested = true",
+            ));
         }
         for (key, set) in [
             ("contested", self.contested),
