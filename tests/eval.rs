@@ -152,6 +152,42 @@ fn eval_compare_reports_held_out_episodes() {
         !out.status.success() && err.contains("not the same evaluation"),
         "{err}"
     );
+    // Issue 54, item 12: a report of another game (other environment options) or of
+    // other sampling is refused, and the difference is printed key by key.
+    let classic = concord::envs::ticketmelt::Rules::classic();
+    assert_eq!(
+        alone.env_options["ticketmelt"]["rounds"],
+        serde_json::json!(classic.rounds),
+        "the options are recorded with their defaults"
+    );
+    for (set, want) in [
+        (
+            format!("env.options.rounds={}", classic.rounds + 1),
+            "not the same game: ticketmelt".to_string(),
+        ),
+        (
+            "env.options.peers=\"mixed\"".into(),
+            "peers: mixed, dumb".into(),
+        ),
+        (
+            "grpo.temperature=0.5".into(),
+            "temperature: 0.5, 0.7".into(),
+        ),
+    ] {
+        let mut other = against.clone();
+        other.extend(["--set", set.as_str()]);
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_concord"))
+            .args(&other)
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains(&want), "{set}: {err}");
+        assert!(
+            !err.contains("SamplingParams") && !err.contains('{'),
+            "{err}"
+        );
+    }
 
     // The human table prints the start before the adapter, with a delta column.
     let table = concord::eval::table(&report);

@@ -578,6 +578,40 @@ fn gguf_truncated_file_is_named() {
     assert!(e.contains("truncated GGUF file"), "{e}");
 }
 
+/// Issue 54, item 14: a header claiming more tensors than the file can hold is named
+/// as that, not as a truncated file; and under `RUST_BACKTRACE=1` the error is still
+/// one message, without candle's backtrace.
+#[test]
+fn gguf_impossible_counts_are_named_without_a_backtrace() {
+    let tmp = tempfile::tempdir().unwrap();
+    let gguf = tiny_gguf(tmp.path(), false, None);
+    let mut bytes = std::fs::read(&gguf).unwrap();
+    // magic, version (u32 each), then the tensor count (u64)
+    bytes[8..16].copy_from_slice(&(u64::MAX / 2).to_le_bytes());
+    let huge = tmp.path().join("huge-count.gguf");
+    std::fs::write(&huge, &bytes).unwrap();
+    let e = load_err(&huge);
+    assert!(e.contains("claims") && e.contains("tensors"), "{e}");
+    assert!(!e.contains("truncated"), "{e}");
+    let msgs = tmp.path().join("m.json");
+    std::fs::write(&msgs, r#"[{"role": "user", "content": "hi"}]"#).unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_concord"))
+        .args(["generate", "--max-new-tokens=1", "--model"])
+        .arg(&huge)
+        .arg("--messages")
+        .arg(&msgs)
+        .env("RUST_BACKTRACE", "1")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("claims"), "{err}");
+    assert!(
+        !err.contains("stack backtrace") && !err.contains(" at ") && err.lines().count() <= 2,
+        "{err}"
+    );
+}
+
 #[test]
 fn gguf_unsupported_architecture_is_named() {
     let tmp = tempfile::tempdir().unwrap();

@@ -91,6 +91,7 @@ fn eval_report(with_base: bool) -> EvalReport {
         greedy: false,
         first_seed: 1 << 63,
         sampling: None,
+        env_options: Default::default(),
         models,
     }
 }

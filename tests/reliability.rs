@@ -452,6 +452,78 @@ fn resume_refuses_changes_to_the_adapter_optimizer_and_schedule() {
     assert_eq!(log_rows(&run_dir), 3);
 }
 
+/// Issue 54, item 3: an edit of the run's own config.toml is held to what the latest
+/// checkpoint recorded, as a `--set` is: the rank, the seed, the learning rate, and a
+/// base of the same shape with other weights.
+#[test]
+fn resume_holds_an_edited_run_config_to_the_checkpoint() {
+    let d = tempfile::tempdir().unwrap();
+    let cfg = write_config(d.path(), 2, 1);
+    let run_dir = d.path().join("runs/r");
+    let r = run_dir.to_str().unwrap();
+    let (rc, err) = train(&["--config", cfg.to_str().unwrap()]);
+    assert_eq!(rc, Some(0), "{err}");
+    let saved = run_dir.join("config.toml");
+    let original = std::fs::read_to_string(&saved).unwrap();
+    let log = std::fs::read(run_dir.join("training_log.csv")).unwrap();
+    // Same shape, other weights: the tiny model with another seed.
+    let other = d.path().join("other-tiny");
+    let spec = concord::model::tiny::TinySpec {
+        seed: 99,
+        ..Default::default()
+    };
+    concord::model::tiny::init_tiny(&spec, &other).unwrap();
+    let other_line = format!("name = {:?}", other.display().to_string());
+    for (line, to, key) in [
+        ("r = 2", "r = 8", "lora.r (2 -> 8)"),
+        ("seed = 42", "seed = 5", "run.seed (42 -> 5)"),
+        (
+            "learning_rate = 0.001",
+            "learning_rate = 0.5",
+            "optim.learning_rate",
+        ),
+        ("tiny\"", other_line.as_str(), "model.name"),
+    ] {
+        // The one line that starts with (or, for the model, ends with) `line`.
+        let edited: Vec<&str> = original
+            .lines()
+            .map(
+                |l| match l.starts_with(line) || l.starts_with("name") && l.ends_with(line) {
+                    true => to,
+                    false => l,
+                },
+            )
+            .collect();
+        let edited = edited.join("\n") + "\n";
+        assert_eq!(
+            original
+                .lines()
+                .zip(edited.lines())
+                .filter(|(a, b)| a != b)
+                .count(),
+            1,
+            "{line} in {original}"
+        );
+        std::fs::write(&saved, edited).unwrap();
+        let (rc, err) = train(&["--resume", r, "--set", "run.steps=4"]);
+        assert_eq!(rc, Some(1), "{to}: {err}");
+        assert!(
+            err.contains("--resume cannot change") && err.contains(key),
+            "{to}: {err}"
+        );
+        assert!(err.contains("checkpoint-2"), "{err}");
+        assert_eq!(
+            std::fs::read(run_dir.join("training_log.csv")).unwrap(),
+            log
+        );
+    }
+    // The unedited run resumes.
+    std::fs::write(&saved, &original).unwrap();
+    let (rc, err) = train(&["--resume", r, "--set", "run.steps=3"]);
+    assert_eq!(rc, Some(0), "{err}");
+    assert_eq!(log_rows(&run_dir), 3);
+}
+
 // ---------------------------------------------------------------------------------------
 // 3. Size bounds
 // ---------------------------------------------------------------------------------------
@@ -1967,5 +2039,95 @@ fn eval_outputs_are_checked_before_playing() {
         left.iter()
             .all(|f| !f.ends_with(".tmp") && !f.ends_with(".probe") && f != "e.json"),
         "{left:?}"
+    );
+}
+
+/// Issue 54, item 14: `model estimate` takes exactly the names `[model]` takes, and each
+/// refusal lists what it would take.
+#[test]
+fn estimate_takes_the_configs_names_and_lists_the_valid_ones() {
+    let estimate = |extra: &[&str]| {
+        let mut c = concord();
+        c.args(["model", "estimate"]).args(extra);
+        run(&mut c)
+    };
+    let shape = "--shape=qwen2.5-0.5b";
+    let (rc, err) = estimate(&["--shape=nope"]);
+    assert_eq!(rc, Some(2), "{err}");
+    assert!(
+        err.contains("qwen2.5-0.5b") && err.contains("llama3.2-1b"),
+        "{err}"
+    );
+    for bad in ["auto", "Q4_K", "F32", "q4_k"] {
+        let (rc, err) = estimate(&[shape, &format!("--dtype={bad}")]);
+        assert_eq!(rc, Some(2), "--dtype {bad}: {err}");
+        assert!(err.contains("expected f32, bf16 or f16"), "{err}");
+    }
+    let (rc, err) = estimate(&[shape, "--base-dtype=gguf"]);
+    assert_eq!(rc, Some(2), "{err}");
+    assert!(err.contains("q8_0 or q4_k"), "{err}");
+    for bad in ["Q4_K", "q4_0", "auto"] {
+        let (rc, err) = estimate(&[shape, &format!("--base-dtype={bad}")]);
+        assert_eq!(rc, Some(2), "--base-dtype {bad}: {err}");
+        let listed = err.split("expected").nth(1).unwrap_or_default();
+        assert!(listed.contains("q4_k") && !listed.contains("gguf"), "{err}");
+    }
+    let mut c = concord();
+    c.args([
+        "model",
+        "estimate",
+        shape,
+        "--dtype=f32",
+        "--base-dtype=q4_k",
+    ]);
+    let out = c.output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        (v["dtype"].as_str(), v["base_dtype"].as_str()),
+        (Some("f32"), Some("q4_k"))
+    );
+}
+
+/// Issue 54, item 4: a model whose weights cannot fit under the process's memory limit
+/// (here RLIMIT_AS, as `ulimit -v` sets it; a cgroup's memory.max is read the same way)
+/// is refused before loading, with the limit named and what would fit; and held-out
+/// evaluation is bounded.
+#[test]
+fn memory_limits_are_read_and_a_model_that_cannot_fit_is_refused() {
+    let d = tempfile::tempdir().unwrap();
+    let msgs = d.path().join("m.json");
+    std::fs::write(&msgs, r#"[{"role": "user", "content": "hi"}]"#).unwrap();
+    let t0 = std::time::Instant::now();
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "ulimit -v 4000000 && exec '{}' generate --model random:qwen2.5-7b --messages '{}' \
+             --max-new-tokens 1",
+            env!("CARGO_BIN_EXE_concord"),
+            msgs.display()
+        ))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("RLIMIT_AS") && err.contains("base_dtype"),
+        "{err}"
+    );
+    assert!(t0.elapsed() < std::time::Duration::from_secs(30));
+    let cfg = write_config(d.path(), 1, 0);
+    let (rc, err) = train(&[
+        "--config",
+        cfg.to_str().unwrap(),
+        "--set",
+        "run.eval_every=1",
+        "--set",
+        "run.eval_episodes=99999999999999",
+    ]);
+    assert_eq!(rc, Some(1), "{err}");
+    assert!(
+        err.contains("run.eval_episodes") && err.contains("100000"),
+        "{err}"
     );
 }

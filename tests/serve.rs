@@ -203,7 +203,10 @@ fn an_oversized_frame_ends_only_its_session() {
     // SESSION_ERROR, then a close frame saying "too big" (the server keeps the socket
     // open a moment after it, so that the unread rest of the frame cannot reset the
     // connection before they are read)
-    assert_eq!(error_code(&read(&mut ws)), "SESSION_ERROR");
+    let e = read(&mut ws);
+    assert_eq!(error_code(&e), "SESSION_ERROR");
+    let text = e["data"]["message"].as_str().unwrap_or_default();
+    assert!(text.contains("--max-frame-bytes (65536 bytes)"), "{e}");
     assert_eq!(close_code(&mut ws), Some(1009));
     let r = send(
         &mut other,
@@ -211,6 +214,29 @@ fn an_oversized_frame_ends_only_its_session() {
     );
     assert_eq!(r["data"]["observation"]["step"], 1);
     assert_eq!(health(&h), json!({"status": "healthy"}));
+}
+
+/// Issue 54, item 14: a limit above tungstenite's own 16 MiB frame limit is the limit.
+#[test]
+fn a_frame_limit_above_16_mib_is_the_one_applied() {
+    let mut o = ServeOptions::new("ticketmelt");
+    o.port = 0;
+    o.max_frame_bytes = 32 << 20;
+    let h = spawn(&o).unwrap();
+    let mut ws = connect(&h);
+    // reset ignores keys it does not take: the reply stays small
+    let big = format!(
+        r#"{{"type":"reset","data":{{"seed":9,"pad":"{}"}}}}"#,
+        "x".repeat(17 << 20)
+    );
+    let r = send(&mut ws, &big);
+    let head: String = r.to_string().chars().take(300).collect();
+    assert_eq!(
+        r["type"], "observation",
+        "a 17 MiB frame under a 32 MiB limit: {head}"
+    );
+    let state = send(&mut ws, r#"{"type":"state"}"#);
+    assert_ne!(state["type"], "error", "{state}");
 }
 
 #[test]
@@ -831,6 +857,55 @@ fn counting_server() -> String {
     url
 }
 
+/// An OpenEnv server whose reset observation is `words` words long, and whose episodes
+/// end at their first step.
+fn long_observation_server(words: usize) -> String {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("ws://{}", listener.local_addr().unwrap());
+    std::thread::spawn(move || {
+        while let Ok((s, _)) = listener.accept() {
+            std::thread::spawn(move || {
+                let Ok(mut ws) = tungstenite::accept(s) else {
+                    return;
+                };
+                while let Ok(Message::Text(t)) = ws.read() {
+                    let done = !t.contains("\"reset\"");
+                    let reply = json!({"type": "observation", "data": {
+                        "observation": {"text": "word ".repeat(words)},
+                        "reward": 0.0, "done": done}});
+                    if ws.send(Message::text(reply.to_string())).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    url
+}
+
+/// Issue 54, item 1: an observation past the model's positions (40,000 words here) or
+/// past any memory (400,000 words, 2 MB, asked for 640 GB and aborted) is an error
+/// naming the step, the server and the length, not an abort and not silence.
+#[test]
+fn a_prompt_too_long_for_the_model_is_a_named_error() {
+    for words in [40_000, 400_000] {
+        let url = long_observation_server(words);
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = remote_config(dir.path(), &url, 1);
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_concord"))
+            .args(["train", "--config", cfg.to_str().unwrap()])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{words} words: {err}");
+        assert!(err.contains(&format!("step 1 on {url}")), "{err}");
+        assert!(
+            err.contains("after a prompt of") && err.contains("max_position_embeddings"),
+            "{err}"
+        );
+    }
+}
+
 #[test]
 fn a_server_that_does_not_replay_cannot_be_copied() {
     let f = RemoteFactory::new(RemoteSpec::new(counting_server())).unwrap();
@@ -1060,9 +1135,12 @@ fn a_silent_server_fails_within_its_timeout_and_says_so_while_waiting() {
     for handshake in [false, true] {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let url = format!("ws://{}", listener.local_addr().unwrap());
+        let accepted = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let count = accepted.clone();
         let holder = std::thread::spawn(move || {
             let mut held = Vec::new();
             while let Ok((s, _)) = listener.accept() {
+                count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                 if handshake {
                     held.push(Some(tungstenite::accept(s).unwrap()));
                     continue;
@@ -1089,6 +1167,11 @@ fn a_silent_server_fails_within_its_timeout_and_says_so_while_waiting() {
         );
         assert!(err.contains("waiting for the OpenEnv server"), "{err}");
         assert!(t0.elapsed() < Duration::from_secs(60), "{:?}", t0.elapsed());
+        // Issue 54, item 9: one session, so one wait. The component names were asked
+        // for by playing an episode first, which waited a whole timeout in a session of
+        // its own: 7.2 s here instead of 5.2, and 12-13 s at `timeout = 5`.
+        let sessions = accepted.load(std::sync::atomic::Ordering::SeqCst);
+        assert_eq!(sessions, 1, "handshake {handshake}: {sessions} connections");
         drop(holder);
     }
 }
@@ -1174,4 +1257,98 @@ fn sigterm_closes_sessions_and_exits_cleanly() {
         logs.contains("session opened") && logs.contains("stopped"),
         "{logs}"
     );
+}
+
+/// Every file under `dir`, with its path.
+fn files_under(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = vec![];
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            out.extend(files_under(&p));
+        } else {
+            out.push(p);
+        }
+    }
+    out
+}
+
+/// Issue #54, item 5: the password in `env.url` reaches no output that a run or an
+/// eval writes: not stdout or stderr, not the logs, the reports, the samples or the
+/// transcripts. The one exception is the run's own `config.toml`, which `--resume`
+/// reads to reach the server again (and `concord export` redacts).
+#[test]
+fn credentials_in_env_url_reach_no_output() {
+    let h = server(64, None);
+    let url = format!("ws://user:s3cret@{}", h.addr);
+    let dir = tempfile::tempdir().unwrap();
+    let p = remote_decision_config(dir.path(), &url, 2);
+    let text = std::fs::read_to_string(&p).unwrap().replace(
+        "save_every = 0\n",
+        "save_every = 1\neval_every = 1\neval_episodes = 2\nlog_samples = 2\n",
+    );
+    std::fs::write(&p, text).unwrap();
+    let bin = env!("CARGO_BIN_EXE_concord");
+    let run = std::process::Command::new(bin)
+        .args(["train", "--config"])
+        .arg(&p)
+        .output()
+        .unwrap();
+    assert!(run.status.success(), "{run:?}");
+    let run_dir = dir.path().join("remote");
+    let out = dir.path().join("eval");
+    std::fs::create_dir(&out).unwrap();
+    let eval = std::process::Command::new(bin)
+        .args(["eval", "--episodes", "2", "--transcripts", "--config"])
+        .arg(run_dir.join("config.toml"))
+        .arg("--adapter")
+        .arg(&run_dir)
+        .arg("--out")
+        .arg(out.join("eval.json"))
+        .output()
+        .unwrap();
+    assert!(eval.status.success(), "{eval:?}");
+    let mut seen = 0;
+    for (name, bytes) in [
+        ("train stdout", run.stdout),
+        ("train stderr", run.stderr),
+        ("eval stdout", eval.stdout),
+        ("eval stderr", eval.stderr),
+    ] {
+        let s = String::from_utf8_lossy(&bytes);
+        assert!(!s.contains("s3cret"), "{name}: {s}");
+        seen += s.contains("ws://***@") as usize;
+    }
+    let mut files = files_under(&run_dir);
+    files.extend(files_under(&out));
+    let mut names = vec![];
+    for f in &files {
+        let bytes = std::fs::read(f).unwrap();
+        let text = if f.extension().is_some_and(|e| e == "gz") {
+            use std::io::Read;
+            let mut s = String::new();
+            flate2::read::GzDecoder::new(&bytes[..])
+                .read_to_string(&mut s)
+                .unwrap();
+            s
+        } else {
+            String::from_utf8_lossy(&bytes).into_owned()
+        };
+        let rel = f.strip_prefix(dir.path()).unwrap().display().to_string();
+        if rel.ends_with("config.toml") {
+            assert!(text.contains("s3cret"), "{rel} keeps the URL for --resume");
+            continue;
+        }
+        assert!(!text.contains("s3cret"), "{rel}: {text}");
+        seen += text.contains("ws://***@") as usize;
+        names.push(rel);
+    }
+    // The redacted URL is what names the server where a name is written.
+    assert!(seen >= 3, "{seen} outputs name the server: {names:?}");
+    for want in ["eval_log.csv", "eval.json", "transcripts.jsonl"] {
+        assert!(
+            names.iter().any(|n| n.ends_with(want)),
+            "{want} in {names:?}"
+        );
+    }
 }

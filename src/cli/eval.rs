@@ -43,7 +43,8 @@ pub struct EvalArgs {
     pub batch: usize,
     /// An earlier eval.json of the same config, episodes and sampling: its models
     /// (e.g. `base`, from `--base`) are reported beside this run's without being
-    /// played again.
+    /// played again. A report of other episodes, other sampling or other environment
+    /// options (a different game) is refused, the differences named.
     #[arg(long)]
     pub against: Option<PathBuf>,
     /// Also write every episode's transcript (the model's raw answers, the parsed

@@ -226,9 +226,9 @@ pub(crate) fn non_negative_number(s: &str) -> Result<f64, String> {
     Ok(v)
 }
 
-/// The most episodes one `eval` or `envs baseline` call plays: more runs for days
+/// The most episodes one `eval` or `envs baseline` call plays: more runs for hours
 /// (`envs baseline` prints nothing until it ends) and is surely a typo.
-const MAX_EPISODES: usize = 1_000_000;
+const MAX_EPISODES: usize = crate::config::limits::MAX_EVAL_EPISODES;
 
 /// An episode count: 1 to [`MAX_EPISODES`].
 pub(crate) fn episodes(s: &str) -> Result<usize, String> {
@@ -321,7 +321,10 @@ fn usage_error(e: clap::Error) -> i32 {
 fn error_text(e: &anyhow::Error) -> String {
     let mut parts: Vec<String> = Vec::new();
     for cause in e.chain() {
-        let c = cause.to_string();
+        let c = match cause.downcast_ref::<candle_core::Error>() {
+            Some(candle) => crate::model::candle_message(candle),
+            None => cause.to_string(),
+        };
         if !parts.last().is_some_and(|p| p.ends_with(c.as_str())) {
             parts.push(c);
         }

@@ -40,14 +40,15 @@ pub enum ModelCommand {
 pub struct EstimateArgs {
     /// A built-in shape: qwen2.5-0.5b, qwen2.5-1.5b, qwen2.5-3b, qwen2.5-7b, qwen3-0.6b,
     /// qwen3-4b, llama3.2-1b.
-    #[arg(long)]
-    pub shape: String,
-    /// Compute dtype: f32, bf16 or f16.
-    #[arg(long, default_value = "bf16")]
-    pub dtype: String,
-    /// Storage of the frozen base: f32, bf16, f16, q8_0 or q4_k [default: --dtype].
-    #[arg(long)]
-    pub base_dtype: Option<String>,
+    #[arg(long, value_parser = estimate_shape)]
+    pub shape: crate::model::load::BuiltinShape,
+    /// Compute dtype: f32, bf16 or f16 (`[model] dtype`'s names).
+    #[arg(long, default_value = "bf16", value_parser = estimate_dtype)]
+    pub dtype: crate::config::DTypeName,
+    /// Storage of the frozen base: f32, bf16, f16, q8_0 or q4_k (`[model] base_dtype`'s
+    /// names, but gguf) [default: --dtype].
+    #[arg(long, value_parser = estimate_base_dtype)]
+    pub base_dtype: Option<crate::config::BaseDTypeName>,
     /// Prompt tokens of the group.
     #[arg(long, default_value_t = 512, value_parser = super::tokens)]
     pub prompt_tokens: usize,
@@ -65,15 +66,46 @@ pub struct EstimateArgs {
     pub no_checkpointing: bool,
 }
 
+fn estimate_shape(s: &str) -> std::result::Result<crate::model::load::BuiltinShape, String> {
+    use crate::model::load::BuiltinShape;
+    BuiltinShape::parse(s).ok_or_else(|| {
+        let names: Vec<&str> = BuiltinShape::ALL.iter().map(|b| b.name()).collect();
+        format!("unknown shape {s:?}: expected one of {}", names.join(", "))
+    })
+}
+
+/// A name as the config spells it (the same parser: `"F32"` and `"auto"` are refused
+/// here as they are in `[model]`).
+fn config_name<T: serde::de::DeserializeOwned>(s: &str) -> Option<T> {
+    serde_json::from_value(serde_json::Value::String(s.to_string())).ok()
+}
+
+fn estimate_dtype(s: &str) -> std::result::Result<crate::config::DTypeName, String> {
+    config_name(s).ok_or_else(|| format!("unknown dtype {s:?}: expected f32, bf16 or f16"))
+}
+
+fn estimate_base_dtype(s: &str) -> std::result::Result<crate::config::BaseDTypeName, String> {
+    use crate::config::BaseDTypeName;
+    match config_name(s) {
+        Some(BaseDTypeName::Gguf) => Err(
+            "gguf: a .gguf file's own types are in the file; estimate with the one it \
+             holds: expected f32, bf16, f16, q8_0 or q4_k"
+                .into(),
+        ),
+        Some(b) => Ok(b),
+        None => Err(format!(
+            "unknown base dtype {s:?}: expected f32, bf16, f16, q8_0 or q4_k"
+        )),
+    }
+}
+
 fn estimate(a: &EstimateArgs) -> Result<()> {
     use crate::model::fit::{estimate_step, StepShape};
-    use crate::model::load::{parse_dtype, BuiltinShape};
     use crate::model::quant::BaseDtype;
-    let shape = BuiltinShape::parse(&a.shape)
-        .ok_or_else(|| anyhow::anyhow!("unknown --shape {:?}", a.shape))?;
-    let dtype = parse_dtype(&a.dtype, &candle_core::Device::Cpu)?;
-    let base = match &a.base_dtype {
-        Some(b) => BaseDtype::parse(b)?,
+    let shape = a.shape;
+    let dtype = a.dtype.to_candle();
+    let base = match a.base_dtype {
+        Some(b) => b.to_base(),
         None => BaseDtype::Float(dtype),
     };
     let lora = LoraConfig {
@@ -91,7 +123,7 @@ fn estimate(a: &EstimateArgs) -> Result<()> {
     crate::say!(
         "{}",
         serde_json::json!({
-            "shape": shape.name(), "dtype": a.dtype, "base_dtype": base.name(),
+            "shape": shape.name(), "dtype": a.dtype.as_str(), "base_dtype": base.name(),
             "weights_gb": e.weights / 1e9, "adapter_gb": e.adapter / 1e9,
             "sampling_gb": e.sampling / 1e9, "training_gb": e.training / 1e9,
             "total_gb": e.total() / 1e9,

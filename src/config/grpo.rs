@@ -429,10 +429,14 @@ impl GrpoConfig {
                 ),
             ));
         }
-        if !(self.temperature > 0.0) || !self.temperature.is_finite() {
+        // The sampler computes in f32: a temperature past f32's range would be inf there.
+        if !(self.temperature > 0.0) || !(self.temperature as f32).is_finite() {
             return Err(err(
                 "temperature",
-                format!("{} must be > 0", self.temperature),
+                match self.temperature > 0.0 {
+                    true => format!("{} is past f32's range ({:e})", self.temperature, f32::MAX),
+                    false => format!("{} must be > 0", self.temperature),
+                },
             ));
         }
         if !(self.top_p > 0.0 && self.top_p <= 1.0) {

@@ -21,7 +21,7 @@ impl ValidationError {
     pub(super) fn at(section: &str, key: &str, msg: impl std::fmt::Display) -> Self {
         Self {
             key: Some((section.to_string(), key.to_string())),
-            message: format!("{section}.{key}: {msg}"),
+            message: compact_numbers(&format!("{section}.{key}: {msg}")),
         }
     }
 
@@ -29,7 +29,7 @@ impl ValidationError {
     pub(super) fn unkeyed(message: impl Into<String>) -> Self {
         Self {
             key: None,
-            message: message.into(),
+            message: compact_numbers(&message.into()),
         }
     }
 
@@ -54,6 +54,29 @@ impl ValidationError {
             (None, false) => anyhow!("{origin}: {}", self.message),
         }
     }
+}
+
+/// `text` with every number written out in more than 24 characters (`1e308` as
+/// Display writes an f64: 309 digits) in scientific notation: a screen of zeros hides
+/// the rest of the message. Integers up to u64's 20 digits stay exact.
+fn compact_numbers(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(i) = rest.find(|c: char| c.is_ascii_digit()) {
+        out.push_str(&rest[..i]);
+        let tail = &rest[i..];
+        let end = tail
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .unwrap_or(tail.len());
+        let number = tail[..end].trim_end_matches('.');
+        match number.parse::<f64>() {
+            Ok(v) if number.len() > 24 => out.push_str(&format!("{v:e}")),
+            _ => out.push_str(number),
+        }
+        rest = &tail[number.len()..];
+    }
+    out.push_str(rest);
+    out
 }
 
 /// Put the line of the `[[stage]]` table a [`super::stage::check`] error names (by its
@@ -346,5 +369,37 @@ mod tests {
             .to_string();
         assert!(e.contains("big.toml") && e.contains("line 2"), "{e}");
         assert!(e.contains("run.steps") && e.contains("too large"), "{e}");
+    }
+
+    /// Issue 54, item 14: a huge value is echoed in scientific notation, and the rest of
+    /// the message survives.
+    #[test]
+    fn huge_values_are_echoed_short() {
+        assert_eq!(compact_numbers("x: 1.5 and 12 of 3"), "x: 1.5 and 12 of 3");
+        let long = format!("{}", 1e308_f64);
+        assert_eq!(long.len(), 309);
+        assert_eq!(
+            compact_numbers(&format!("a: {long} must be")),
+            "a: 1e308 must be"
+        );
+        assert_eq!(compact_numbers("v 0.00000000000000000000001."), "v 1e-23.");
+        assert_eq!(
+            compact_numbers("seed 18446744073709551615"),
+            "seed 18446744073709551615"
+        );
+        for (key, set) in [
+            ("optim.learning_rate", "optim.learning_rate=1e308"),
+            ("grpo.epsilon", "grpo.epsilon=1e308"),
+            ("grpo.temperature", "grpo.temperature=1e308"),
+            ("grpo.top_p", "grpo.top_p=1e308"),
+        ] {
+            let e = Config::from_toml_str(MIN, "c.toml", &[set.to_string()])
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.contains(key) && e.contains("1e308") && e.len() < 200,
+                "{e}"
+            );
+        }
     }
 }

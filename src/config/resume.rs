@@ -52,6 +52,74 @@ impl Config {
     }
 }
 
+/// The frozen keys' values as a checkpoint records them (`trainer_state.json`):
+/// what `--resume` compares against, whatever the run's config.toml says by then.
+pub type FrozenRecord = std::collections::BTreeMap<String, String>;
+
+/// Stands for the base weights in a [`FrozenRecord`]: their fingerprint.
+const WEIGHTS: &str = "model.weights";
+
+impl Config {
+    /// This config's [`FrozenRecord`]. Paths are recorded by content, so a run that is
+    /// moved or resumed from another directory still matches: the base model by
+    /// [`weights_fingerprint`](crate::model::checkpoint::weights_fingerprint) (a Hub id
+    /// by name), the start adapter by the fingerprint of its weights.
+    pub fn frozen_record(&self) -> anyhow::Result<FrozenRecord> {
+        use crate::model::checkpoint::weights_fingerprint;
+        let mut out = FrozenRecord::new();
+        for (key, value, _) in adapter_keys(self, self)
+            .into_iter()
+            .chain(schedule_keys(self, self))
+        {
+            let value = match key {
+                "model.name" => match weights_fingerprint(&self.model.name)? {
+                    Some(f) => {
+                        out.insert(WEIGHTS.into(), f);
+                        continue;
+                    }
+                    None => value,
+                },
+                "model.adapter" => match self.start_adapter() {
+                    Some(dir) => {
+                        let file = dir.join("adapter_model.safetensors");
+                        weights_fingerprint(&file.to_string_lossy())?
+                            .unwrap_or_else(|| dir.display().to_string())
+                    }
+                    None => value,
+                },
+                _ => value,
+            };
+            out.insert(key.into(), value);
+        }
+        out.insert("stage".into(), d(&self.stages));
+        Ok(out)
+    }
+
+    /// The keys of `saved` (a checkpoint's record) whose values differ in `self`'s.
+    pub fn record_changes(&self, saved: &FrozenRecord) -> anyhow::Result<Vec<String>> {
+        let now = self.frozen_record()?;
+        Ok(saved
+            .iter()
+            .filter_map(|(key, was)| {
+                // A base that was local and is now a Hub id (or the other way) has no
+                // value to compare: it changed.
+                let base = key == WEIGHTS || key == "model.name";
+                let is = match now.get(key) {
+                    Some(is) => is,
+                    None if base => return Some(format!("model.name (was {was})")),
+                    None => return None,
+                };
+                (is != was).then(|| match key.as_str() {
+                    WEIGHTS => "model.name (other base weights than the run's)".to_string(),
+                    "model.adapter" => "model.adapter (another start adapter)".to_string(),
+                    "stage" => "stage (the [[stage]] curriculum)".to_string(),
+                    _ => format!("{key} ({was} -> {is})"),
+                })
+            })
+            .collect())
+    }
+}
+
 /// The keys that shape the adapter.
 fn adapter_keys(a: &Config, b: &Config) -> Vec<Frozen> {
     // The same modules in another order or twice are the same adapter.

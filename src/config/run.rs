@@ -44,7 +44,7 @@ pub struct RunConfig {
     pub eval_every: usize,
     /// Held-out episodes per environment in each of those evaluations: the first ones
     /// of `concord eval`'s set.
-    /// Range: at least 1 when `eval_every` > 0.
+    /// Range: at least 1 when `eval_every` > 0, at most 100000.
     pub eval_episodes: usize,
     /// Where the per-step metrics go besides `training_log.csv`, which is always
     /// written; `["csv", "tensorboard"]` also writes TensorBoard events.
@@ -148,6 +148,13 @@ impl RunConfig {
             return Err(err(
                 "eval_episodes",
                 "0 with eval_every > 0: give the held-out episodes to play (>= 1)",
+            ));
+        }
+        let max = super::limits::MAX_EVAL_EPISODES;
+        if self.eval_episodes > max {
+            return Err(err(
+                "eval_episodes",
+                format!("{} is more than {max}", self.eval_episodes),
             ));
         }
         Ok(())

@@ -354,6 +354,12 @@ pub trait EnvFactory: Send + Sync {
     fn component_names(&self) -> Option<Vec<String>> {
         None
     }
+    /// Every option with the value this factory plays with, defaults filled in: what
+    /// `concord eval --against` compares, so that two reports of different games are
+    /// never shown side by side. `None` (default): unknown, not compared.
+    fn resolved_options(&self) -> Option<serde_json::Value> {
+        None
+    }
 }
 
 /// Capability of a factory: what `concord envs` offers beyond playing.

@@ -195,6 +195,12 @@ impl EnvFactory for RemoteFactory {
     fn scripted(&self) -> bool {
         false
     }
+    /// Known without playing: asking by playing an episode would open a session, and
+    /// wait a whole `[env] timeout` on a silent server before the step's own session
+    /// waits again.
+    fn component_names(&self) -> Option<Vec<String>> {
+        Some(vec![REMOTE_REWARD.to_string()])
+    }
 }
 
 type Socket = WebSocket<MaybeTlsStream<TcpStream>>;

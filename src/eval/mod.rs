@@ -107,6 +107,16 @@ pub enum Target {
 }
 
 impl Target {
+    /// [`EnvFactory::resolved_options`] of the environment played, and the driver.
+    pub fn resolved_options(&self) -> Option<serde_json::Value> {
+        let (f, mode) = match self {
+            Target::Decisions(f) => (f.as_ref(), "decision"),
+            Target::Episodes(t) => (t.factory(), "episode"),
+        };
+        let mut v = f.resolved_options()?;
+        v.as_object_mut()?.insert("mode".into(), mode.into());
+        Some(v)
+    }
     /// Play `episodes` held-out episodes from held-out index `first_seed`.
     pub fn play(
         &self,
@@ -278,9 +288,15 @@ fn summarise_trajectories(played: Vec<PlayedEpisode>) -> Outcomes {
     out
 }
 
+/// Episodes open at once in [`play`] and [`play_policy_on`]: a large evaluation holds
+/// this many live episodes (their states, prompts and KV caches), not all of them.
+pub const EVAL_CHUNK: usize = 1024;
+
 /// Play the episodes of `seeds` of `factory` with `model` (as it is: adapter on or
 /// off) in every policy seat, `batch` prompts per sampling call: the decision-mode
-/// driver, the one training's model-played draws and continuations use.
+/// driver, the one training's model-played draws and continuations use. Episode `i`
+/// samples from streams numbered `i`, so playing them [`EVAL_CHUNK`] at a time gives
+/// what playing them all at once would.
 pub fn play(
     model: &Transformer,
     renderer: &dyn Renderer,
@@ -289,13 +305,21 @@ pub fn play(
     params: &SamplingParams,
     batch: usize,
 ) -> Result<Outcomes> {
-    let mut policy = ModelPolicy::new(model, renderer, params, batch);
-    let out = play_policy_on(factory, seeds, &mut policy)?;
+    let mut out = Outcomes::default();
+    let (mut prompt_tokens, mut reused_tokens) = (0, 0);
+    for (k, chunk) in seeds.chunks(EVAL_CHUNK).enumerate() {
+        let mut policy = ModelPolicy::new(model, renderer, params, batch);
+        policy.first_episode = (k * EVAL_CHUNK) as u64;
+        out.append(play_slice(factory, chunk, &mut policy)?, k * EVAL_CHUNK);
+        prompt_tokens += policy.prompt_tokens;
+        reused_tokens += policy.reused_tokens;
+    }
+    out.behaviour = behaviour_of(factory, seeds, &out.decisions);
     crate::note!(
         "  prompts: {} tokens, {} of them ({:.0}%) kept from a shared prefix or the session's last prompt",
-        policy.prompt_tokens,
-        policy.reused_tokens,
-        100.0 * policy.reused_tokens as f64 / policy.prompt_tokens.max(1) as f64
+        prompt_tokens,
+        reused_tokens,
+        100.0 * reused_tokens as f64 / prompt_tokens.max(1) as f64
     );
     Ok(out)
 }
@@ -312,8 +336,22 @@ pub fn play_policy(
 }
 
 /// [`play`] with any action source: the episodes, the decisions recorded for the
-/// behaviour report, and each policy seat's outcome.
+/// behaviour report, and each policy seat's outcome, [`EVAL_CHUNK`] episodes at a time.
 pub fn play_policy_on(
+    factory: &dyn EnvFactory,
+    seeds: &[EpisodeSeed],
+    mut policy: impl Policy,
+) -> Result<Outcomes> {
+    let mut out = Outcomes::default();
+    for (k, chunk) in seeds.chunks(EVAL_CHUNK).enumerate() {
+        out.append(play_slice(factory, chunk, &mut policy)?, k * EVAL_CHUNK);
+    }
+    out.behaviour = behaviour_of(factory, seeds, &out.decisions);
+    Ok(out)
+}
+
+/// The episodes of `seeds`, all open at once, played to their ends by `policy`.
+fn play_slice(
     factory: &dyn EnvFactory,
     seeds: &[EpisodeSeed],
     policy: impl Policy,
@@ -353,13 +391,19 @@ pub fn play_policy_on(
             "transcript": e.transcript(),
         }));
     }
-    let fresh = seeds.first().map(|s| factory.reset(s.seed));
-    if let Some(b) = fresh.as_ref().and_then(|f| f.as_behaviour()) {
-        out.behaviour =
-            BehaviourSummary::from_records(b.reference_policy(), &b.actions(), &recorder.records);
-    }
     out.decisions = recorder.records;
     Ok(out)
+}
+
+/// The behaviour summary of `decisions`, where `factory`'s episodes have the capability.
+fn behaviour_of(
+    factory: &dyn EnvFactory,
+    seeds: &[EpisodeSeed],
+    decisions: &[crate::envs::behaviour::DecisionRecord],
+) -> Option<crate::envs::BehaviourSummary> {
+    let fresh = factory.reset(seeds.first()?.seed);
+    let b = fresh.as_behaviour()?;
+    BehaviourSummary::from_records(b.reference_policy(), &b.actions(), decisions)
 }
 
 /// Rounds after which an evaluated episode is taken to be stuck.
@@ -558,6 +602,10 @@ pub fn run_eval(args: EvalOptions) -> Result<()> {
         greedy: args.greedy,
         first_seed: envs::eval_seed(args.first_seed),
         sampling: Some(params.clone()),
+        env_options: envs
+            .iter()
+            .filter_map(|(name, t)| Some((name.clone(), t.resolved_options()?)))
+            .collect(),
         models: BTreeMap::new(),
     };
     if let Some(path) = &args.against {

@@ -37,6 +37,22 @@ pub fn mean_ci(xs: &[f64]) -> (f64, [f64; 2]) {
 }
 
 impl Outcomes {
+    /// Add the outcomes of the next episodes, `part`, played as a slice of their own:
+    /// its decisions' episode indices start at 0 there and at `offset` here. The
+    /// behaviour summary is left for the caller to make over all the decisions.
+    pub fn append(&mut self, part: Outcomes, offset: usize) {
+        self.episodes += part.episodes;
+        self.rewards.extend(part.rewards);
+        self.wins.extend(part.wins);
+        self.components.extend(part.components);
+        self.transcripts.extend(part.transcripts);
+        self.decisions
+            .extend(part.decisions.into_iter().map(|mut d| {
+                d.episode += offset;
+                d
+            }));
+    }
+
     pub fn summarise(&self) -> EnvEval {
         let (reward_mean, reward_ci95) = mean_ci(&self.rewards);
         let wins = self.wins.iter().filter(|w| **w).count();

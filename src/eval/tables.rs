@@ -195,6 +195,7 @@ mod tests {
             greedy: false,
             first_seed: 0,
             sampling: None,
+            env_options: Default::default(),
             models: BTreeMap::new(),
         };
         let mut envs = BTreeMap::new();

@@ -132,6 +132,11 @@ impl Trainer {
             },
         )?;
         let state = &mut session.state;
+        if state.frozen.is_empty() {
+            // A fresh run, or one resumed from a checkpoint that predates the record
+            // (its config.toml was checked instead).
+            state.frozen = cfg.frozen_record()?;
+        }
         if state.csv_header.is_empty() {
             let mut names: Vec<String> = stages
                 .iter()
@@ -255,6 +260,15 @@ impl Trainer {
     /// so the adapter and optimizer still hold the last finished step: write its
     /// checkpoint and say how to resume, rather than score the lost episodes as zeros.
     fn on_step_error(&self, e: anyhow::Error) -> anyhow::Error {
+        let e = {
+            let st = &self.stages[self.session.state.stage.min(self.stages.len() - 1)];
+            // A server by its (redacted) URL, a built-in environment by its name.
+            let on = match st.cfg.env.as_ref().filter(|e| e.url.is_some()) {
+                Some(env) => env.label(),
+                None => st.task.name(),
+            };
+            e.context(format!("step {} on {on}", self.session.state.step + 1))
+        };
         let lost = if e.chain().any(|c| c.is::<ConnectionLost>()) {
             "the OpenEnv server was lost"
         } else if e.chain().any(|c| c.is::<ProgramFailed>()) {

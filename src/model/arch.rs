@@ -131,8 +131,14 @@ impl Llama3Rope {
 
     pub fn validate(&self) -> Result<()> {
         let ok = |x: f64| x.is_finite() && x > 0.0;
-        if !ok(self.factor) || !ok(self.low_freq_factor) || !ok(self.high_freq_factor) {
-            bail!("config: rope scaling factors must be positive numbers ({self:?})");
+        for (key, x) in [
+            ("factor", self.factor),
+            ("low_freq_factor", self.low_freq_factor),
+            ("high_freq_factor", self.high_freq_factor),
+        ] {
+            if !ok(x) {
+                bail!("config: rope scaling {key} must be a positive number, got {x}");
+            }
         }
         if self.high_freq_factor <= self.low_freq_factor {
             bail!(
@@ -413,6 +419,39 @@ pub fn is_norm(name: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Issue 54, item 14: a bad factor is named by its key, not printed as a struct.
+    #[test]
+    fn rope_scaling_errors_name_the_factor() {
+        for (edit, key) in [
+            (
+                Llama3Rope {
+                    factor: 0.0,
+                    ..Llama3Rope::llama32()
+                },
+                "factor",
+            ),
+            (
+                Llama3Rope {
+                    low_freq_factor: f64::NAN,
+                    ..Llama3Rope::llama32()
+                },
+                "low_freq_factor",
+            ),
+            (
+                Llama3Rope {
+                    high_freq_factor: -1.0,
+                    ..Llama3Rope::llama32()
+                },
+                "high_freq_factor",
+            ),
+        ] {
+            let e = edit.validate().unwrap_err().to_string();
+            assert!(e.contains(&format!("rope scaling {key} must be")), "{e}");
+            assert!(!e.contains("Llama3Rope") && !e.contains('{'), "{e}");
+        }
+        assert!(Llama3Rope::llama32().validate().is_ok());
+    }
 
     #[test]
     fn parameters_of_released_checkpoints_by_hand() {

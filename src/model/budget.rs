@@ -57,8 +57,21 @@ fn bytes_of(dtype: DType) -> f64 {
 /// does not count that memory as available, so a later reading would shrink the
 /// budget by the process's own reusable memory.
 pub fn available_memory() -> Option<f64> {
-    static FIRST: std::sync::OnceLock<Option<f64>> = std::sync::OnceLock::new();
-    *FIRST.get_or_init(|| crate::sys::available_memory_bytes().map(|b| b as f64))
+    first_limit().map(|m| m.bytes as f64)
+}
+
+/// The limit [`available_memory`] read, once.
+fn first_limit() -> Option<&'static crate::sys::MemoryLimit> {
+    static FIRST: std::sync::OnceLock<Option<crate::sys::MemoryLimit>> = std::sync::OnceLock::new();
+    FIRST.get_or_init(crate::sys::memory_limit).as_ref()
+}
+
+/// " under RLIMIT_AS" where a limit other than the host's free memory binds.
+fn limit_note() -> String {
+    match first_limit() {
+        Some(m) if m.source != "MemAvailable" => format!(" under the {}", m.source),
+        _ => String::new(),
+    }
 }
 
 fn gib(b: f64) -> String {
@@ -96,10 +109,33 @@ pub fn check_memory(bytes: f64, device: &Device, what: &str) -> Result<()> {
     if let Some(avail) = available_memory() {
         if bytes > avail {
             bail!(
-                "{what} needs about {} but only {} of memory is available; ask for fewer \
+                "{what} needs about {} but only {} of memory is available{}; ask for fewer \
                  rows or tokens",
                 gib(bytes),
-                gib(avail)
+                gib(avail),
+                limit_note()
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Fail, before a byte is read, when the weights of `name` (`bytes` as they will be
+/// held) exceed the memory this process can get: the kernel would kill it part way
+/// through. Only on the CPU. The error says what would fit.
+pub fn check_weights(bytes: f64, device: &Device, name: &str) -> Result<()> {
+    if !device.is_cpu() {
+        return Ok(());
+    }
+    if let Some(avail) = available_memory() {
+        if bytes > avail {
+            bail!(
+                "loading {name} needs about {} for its weights but only {} of memory is \
+                 available{}; store the base smaller ([model] base_dtype = \"bf16\", \
+                 \"q8_0\" or \"q4_k\"; `concord model estimate` says what fits)",
+                gib(bytes),
+                gib(avail),
+                limit_note()
             );
         }
     }
@@ -477,16 +513,18 @@ impl MemoryBudget {
         match self.source {
             BudgetSource::Configured => format!("{} ([optim] memory_budget_gb)", gb(self.bytes)),
             BudgetSource::Available(a, 1) => format!(
-                "{} ({:.0}% of {} available)",
+                "{} ({:.0}% of {} available{})",
                 gb(self.bytes),
                 DEFAULT_BUDGET_SHARE * 100.0,
-                gb(a)
+                gb(a),
+                limit_note()
             ),
             BudgetSource::Available(a, n) => format!(
-                "{} ({:.0}% of {} available, shared by {n} processes on this host)",
+                "{} ({:.0}% of {} available{}, shared by {n} processes on this host)",
                 gb(self.bytes),
                 DEFAULT_BUDGET_SHARE * 100.0,
-                gb(a)
+                gb(a),
+                limit_note()
             ),
             BudgetSource::Unknown => {
                 "unlimited (memory not known: set [optim] memory_budget_gb)".into()
@@ -644,7 +682,10 @@ mod tests {
         };
         assert_eq!(
             shared.describe(),
-            "7.00 GB (70% of 20.00 GB available, shared by 2 processes on this host)"
+            format!(
+                "7.00 GB (70% of 20.00 GB available{}, shared by 2 processes on this host)",
+                limit_note()
+            )
         );
         assert!(MemoryBudget::default().fits(1e30));
     }

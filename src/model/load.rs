@@ -357,6 +357,10 @@ pub fn load_model(spec: &ModelSpec) -> Result<LoadedModel> {
             let config = shape.config();
             let dtype = spec.dtype.unwrap_or(DType::F32);
             check_dtype_supported(dtype, &spec.device)?;
+            if spec.quant_mode().is_none() {
+                let bytes = config.parameters() as f64 * dtype.size_in_bytes() as f64;
+                crate::model::budget::check_weights(bytes, &spec.device, name)?;
+            }
             let (w, q) = random_model(&config, dtype, &spec.device, spec.quant_mode())?;
             let model = Transformer::with_quant(&config, &w, &q, spec.lora.as_ref())
                 .with_context(|| format!("building the model {name}"))?;

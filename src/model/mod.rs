@@ -43,3 +43,33 @@ pub use transformer::{
     Transformer,
 };
 pub use weights::{random_weights, Weights};
+
+/// A candle error's message without the backtrace candle attaches to it when
+/// `RUST_BACKTRACE` is set: users get the message, developers the `Debug` form.
+pub fn candle_message(e: &candle_core::Error) -> String {
+    use candle_core::Error as E;
+    match e {
+        E::WithBacktrace { inner, .. } => candle_message(inner),
+        E::Context { inner, context } => format!("{context}: {}", candle_message(inner)),
+        E::WithPath { inner, path } => format!("{}: {}", path.display(), candle_message(inner)),
+        other => other.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod candle_message_tests {
+    #[test]
+    fn backtraces_are_left_out() {
+        let bt = candle_core::Error::WithBacktrace {
+            inner: Box::new(candle_core::Error::Msg("bad header".into())),
+            backtrace: Box::new(std::backtrace::Backtrace::force_capture()),
+        };
+        assert!(
+            bt.to_string().lines().count() > 1,
+            "candle prints the backtrace"
+        );
+        assert_eq!(super::candle_message(&bt), "bad header");
+        let ctx = bt.context("reading x.gguf");
+        assert_eq!(super::candle_message(&ctx), "reading x.gguf: bad header");
+    }
+}

@@ -28,6 +28,11 @@ pub struct TrainerState {
     /// Mean reward of each step of the current stage so far (promotion rules).
     #[serde(default)]
     pub stage_rewards: Vec<f64>,
+    /// What the run started with, for `--resume` to hold it to
+    /// ([`crate::config::Config::frozen_record`]); empty in checkpoints written before
+    /// it was recorded, and in a warm start's.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub frozen: crate::config::FrozenRecord,
 }
 
 impl TrainerState {
@@ -42,6 +47,7 @@ impl TrainerState {
             csv_header: Vec::new(),
             stage: 0,
             stage_rewards: Vec::new(),
+            frozen: Default::default(),
         }
     }
 }

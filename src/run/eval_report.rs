@@ -20,6 +20,11 @@ pub struct EvalReport {
     /// before it was recorded).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sampling: Option<crate::sample::SamplingParams>,
+    /// By environment: every option it was played with, defaults filled in, and the
+    /// driver (`mode`); absent in reports written before it was recorded, and for
+    /// environments that cannot list them (an OpenEnv server).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub env_options: BTreeMap<String, serde_json::Value>,
     /// By model: `base` (what the run started from: no adapter, or the start adapter
     /// it names) and/or `adapter`.
     pub models: BTreeMap<String, ModelEval>,
@@ -100,10 +105,23 @@ impl EvalReport {
             if other.greedy { " (greedy)" } else { "" },
         );
         if let (Some(a), Some(b)) = (&self.sampling, &other.sampling) {
+            let diff = a.differences(b);
             anyhow::ensure!(
-                a == b,
-                "not the same sampling parameters: {a:?} here, {b:?} there"
+                diff.is_empty(),
+                "not the same sampling parameters: {} (here, there)",
+                diff.join("; ")
             );
+        }
+        for (env, here) in &self.env_options {
+            if let Some(there) = other.env_options.get(env) {
+                let diff = differences(here, there);
+                anyhow::ensure!(
+                    diff.is_empty(),
+                    "not the same game: {env} was played with other options: {} (here, \
+                     there)",
+                    diff.join("; ")
+                );
+            }
         }
         Ok(())
     }
@@ -111,6 +129,29 @@ impl EvalReport {
     /// Write `path` atomically (pretty JSON; NaN becomes `null`).
     pub fn write(&self, path: &Path) -> Result<()> {
         crate::atomic::atomic_write_bytes(path, &serde_json::to_vec_pretty(self)?)
+    }
+}
+
+/// `key: A, B` for every top-level key whose values differ between two JSON objects
+/// (a key only one has shows as `(none)` on the other side); a whole value when either
+/// is not an object.
+fn differences(a: &serde_json::Value, b: &serde_json::Value) -> Vec<String> {
+    use serde_json::Value;
+    let show = |v: Option<&Value>| match v {
+        None => "(none)".to_string(),
+        Some(Value::String(s)) => s.clone(),
+        Some(v) => v.to_string(),
+    };
+    match (a.as_object(), b.as_object()) {
+        (Some(x), Some(y)) => {
+            let keys: std::collections::BTreeSet<&String> = x.keys().chain(y.keys()).collect();
+            keys.into_iter()
+                .filter(|k| x.get(*k) != y.get(*k))
+                .map(|k| format!("{k}: {}, {}", show(x.get(k)), show(y.get(k))))
+                .collect()
+        }
+        _ if a == b => Vec::new(),
+        _ => vec![format!("{}, {}", show(Some(a)), show(Some(b)))],
     }
 }
 
@@ -137,6 +178,7 @@ mod tests {
             greedy: true,
             first_seed: 1,
             sampling: None,
+            env_options: Default::default(),
             models: BTreeMap::from([(
                 "base".to_string(),
                 ModelEval {

@@ -152,6 +152,23 @@ pub(crate) fn run(
     source: &mut dyn TurnSource,
 ) -> Result<Output> {
     params.validate()?;
+    // A prompt past the model's positions, or one whose attention cannot fit, would
+    // fail deep in the forward or abort the process allocating it (a remote server's
+    // observation can be megabytes): refuse it by its length first.
+    let longest = setup.prompts.iter().map(|p| p.len()).max().unwrap_or(0);
+    crate::model::budget::check_sampling(
+        model.config(),
+        model.device(),
+        model.dtype(),
+        setup.rows.len(),
+        longest,
+        params.max_new_tokens,
+        &format!(
+            "sampling {} completion(s) of up to {} tokens after a prompt of {longest} tokens",
+            setup.rows.len(),
+            params.max_new_tokens
+        ),
+    )?;
     let mut e = Engine::new(model, renderer, params, &setup)?;
     let mut prompt_kv = vec![None; setup.prompts.len()];
     if e.rows.is_empty() || params.max_new_tokens == 0 {

@@ -31,6 +31,70 @@ pub struct SamplingParams {
     pub seed: u64,
 }
 
+impl SamplingParams {
+    /// `field: this, that` for each field that differs from `other`'s.
+    pub fn differences(&self, other: &Self) -> Vec<String> {
+        let show = |a: String, b: String| (a != b).then_some((a, b));
+        [
+            (
+                "temperature",
+                show(self.temperature.to_string(), other.temperature.to_string()),
+            ),
+            (
+                "top_p",
+                show(self.top_p.to_string(), other.top_p.to_string()),
+            ),
+            (
+                "top_k",
+                show(self.top_k.to_string(), other.top_k.to_string()),
+            ),
+            (
+                "min_p",
+                show(self.min_p.to_string(), other.min_p.to_string()),
+            ),
+            (
+                "repetition_penalty",
+                show(
+                    self.repetition_penalty.to_string(),
+                    other.repetition_penalty.to_string(),
+                ),
+            ),
+            (
+                "max_new_tokens",
+                show(
+                    self.max_new_tokens.to_string(),
+                    other.max_new_tokens.to_string(),
+                ),
+            ),
+            (
+                "min_new_tokens",
+                show(
+                    self.min_new_tokens.to_string(),
+                    other.min_new_tokens.to_string(),
+                ),
+            ),
+            (
+                "stop_token_ids",
+                show(
+                    format!("{:?}", self.stop_token_ids),
+                    format!("{:?}", other.stop_token_ids),
+                ),
+            ),
+            (
+                "stop_strings",
+                show(
+                    format!("{:?}", self.stop_strings),
+                    format!("{:?}", other.stop_strings),
+                ),
+            ),
+            ("seed", show(self.seed.to_string(), other.seed.to_string())),
+        ]
+        .into_iter()
+        .filter_map(|(k, d)| d.map(|(a, b)| format!("{k}: {a}, {b}")))
+        .collect()
+    }
+}
+
 impl Default for SamplingParams {
     fn default() -> Self {
         Self {

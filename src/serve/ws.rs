@@ -50,7 +50,10 @@ pub async fn handler(
     Query(query): Query<HashMap<String, String>>,
 ) -> Response {
     let registered = query.get("session_id").cloned();
+    // Both limits: tungstenite's own frame limit (16 MiB) would otherwise refuse frames
+    // under a larger --max-frame-bytes, citing its number.
     ws.max_message_size(app.max_frame_bytes)
+        .max_frame_size(app.max_frame_bytes)
         .on_failed_upgrade(|e| warn!(error = %e, "websocket upgrade failed"))
         .on_upgrade(move |socket| session(socket, app, registered))
 }
@@ -194,10 +197,17 @@ async fn session(mut socket: WebSocket, app: App, registered: Option<String>) {
             Recv::Broken(err) => {
                 // e.g. a frame over --max-frame-bytes or broken framing: the
                 // connection cannot go on, but the client still gets the reason.
-                let e = WireError::new(ErrorCode::SessionError, format!("broken frame: {err}"));
-                let _ = send(&mut socket, &e.to_frame()).await;
                 // tungstenite's CapacityError::MessageTooLong, behind axum's Error
                 let too_big = err.to_string().contains("too long");
+                let text = match too_big {
+                    true => format!(
+                        "a frame over --max-frame-bytes ({} bytes)",
+                        app.max_frame_bytes
+                    ),
+                    false => format!("broken frame: {err}"),
+                };
+                let e = WireError::new(ErrorCode::SessionError, text);
+                let _ = send(&mut socket, &e.to_frame()).await;
                 let (code, why) = if too_big {
                     (TOO_BIG, "frame over --max-frame-bytes")
                 } else {

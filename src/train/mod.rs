@@ -183,22 +183,33 @@ impl PreparedRun {
 }
 
 /// Refuse a resume whose config changes a [`crate::config::FROZEN_ON_RESUME`] key of
-/// the run's saved config.toml.
+/// what the latest checkpoint recorded (or, for a checkpoint that records nothing, of
+/// the run's saved config.toml): an edited config.toml is held to the checkpoint too.
 fn check_resume_keys(cfg: &Config, run_dir: &Path) -> Result<()> {
+    use crate::run::checkpoint;
+    let recorded = match checkpoint::latest(run_dir)? {
+        Some((step, dir)) => Some(checkpoint::load_state(&dir, step)?)
+            .filter(|s| !s.frozen.is_empty())
+            .map(|s| (dir, s.frozen)),
+        None => None,
+    };
     let saved_path = run_dir.join("config.toml");
-    if !saved_path.exists() {
-        return Ok(());
-    }
-    let mut saved = Config::load(&saved_path, &[])?;
-    saved.resolve_paths(&std::env::current_dir()?);
-    let changed = cfg.frozen_changes(&saved);
+    let (changed, against) = match recorded {
+        Some((dir, frozen)) => (cfg.record_changes(&frozen)?, dir),
+        None if saved_path.exists() => {
+            let mut saved = Config::load(&saved_path, &[])?;
+            saved.resolve_paths(&std::env::current_dir()?);
+            (cfg.frozen_changes(&saved), saved_path)
+        }
+        None => return Ok(()),
+    };
     if !changed.is_empty() {
         bail!(
             "--resume cannot change {}: they shape the adapter, the optimizer state or the \
              schedule the run was started with ({}); start a new run (another run.name) \
              instead",
             changed.join(", "),
-            saved_path.display()
+            against.display()
         );
     }
     Ok(())

@@ -95,6 +95,9 @@ pub fn factory(options: &Options) -> anyhow::Result<Box<dyn EnvFactory>> {
 }
 
 impl EnvFactory for CountdownFactory {
+    fn resolved_options(&self) -> Option<serde_json::Value> {
+        serde_json::to_value(self.cfg.as_ref()).ok()
+    }
     fn name(&self) -> &'static str {
         NAME
     }

@@ -293,6 +293,14 @@ fn check_rows(path: &std::path::Path, rows: &[Row], verifiers: &[Verifier]) -> R
 }
 
 impl EnvFactory for DatasetFactory {
+    fn resolved_options(&self) -> Option<serde_json::Value> {
+        let s = &self.0;
+        Some(serde_json::json!({
+            "file": s.path.file_name().map(|n| n.to_string_lossy().into_owned()), "rows": s.rows.len(),
+            "held_out": s.held_out.len(), "verifiers": format!("{:?}", s.verifiers),
+            "weights": s.weights, "program": s.program.is_some(), "accuracy": s.accuracy,
+        }))
+    }
     fn name(&self) -> &'static str {
         NAME
     }

@@ -523,6 +523,17 @@ pub fn factory(options: &Options) -> anyhow::Result<Box<dyn EnvFactory>> {
 }
 
 impl EnvFactory for PostmortemFactory {
+    fn resolved_options(&self) -> Option<serde_json::Value> {
+        let r = &self.rules;
+        let d = |v: &dyn std::fmt::Debug| format!("{v:?}");
+        Some(serde_json::json!({
+            "levels": r.levels, "source": d(&r.source), "files": r.files,
+            "reviewer_policy": r.reviewer_policy, "reward_return": r.reward_return,
+            "shaping": r.shaping, "continuation": d(&r.continuation),
+            "win_threshold": r.win_threshold, "prompt": d(&r.prompt),
+            "scenarios": self.scenarios.len(),
+        }))
+    }
     fn name(&self) -> &'static str {
         NAME
     }

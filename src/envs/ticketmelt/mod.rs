@@ -646,6 +646,9 @@ pub fn factory(options: &Options) -> anyhow::Result<Box<dyn EnvFactory>> {
 }
 
 impl EnvFactory for TicketmeltFactory {
+    fn resolved_options(&self) -> Option<Value> {
+        Some(self.rules.to_json())
+    }
     fn name(&self) -> &'static str {
         NAME
     }

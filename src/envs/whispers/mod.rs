@@ -617,6 +617,16 @@ pub fn factory(options: &Options) -> anyhow::Result<Box<dyn EnvFactory>> {
 }
 
 impl EnvFactory for WhispersFactory {
+    fn resolved_options(&self) -> Option<serde_json::Value> {
+        let r = &self.rules;
+        let d = |v: &dyn std::fmt::Debug| format!("{v:?}");
+        Some(serde_json::json!({
+            "tasks": d(&r.tasks), "seat": d(&r.seat), "shaping": d(&r.shaping),
+            "headline_weights": r.headline_weights, "win_threshold": r.win_threshold,
+            "continuation": d(&r.continuation), "history": r.history,
+            "prompt": r.prompt.name(),
+        }))
+    }
     fn name(&self) -> &'static str {
         NAME
     }

@@ -363,6 +363,9 @@ pub fn load_safetensors(
     }
     let dtype = dtype.unwrap_or_else(|| default_dtype(device));
     check_dtype_supported(dtype, device)?;
+    // Loaded in `dtype` first, whatever the base is quantized to afterwards.
+    let bytes = config.parameters() as f64 * dtype.size_in_bytes() as f64;
+    crate::model::budget::check_weights(bytes, device, &files.dir.display().to_string())?;
     let weights = load_weights(&files.weights, &mut config, dtype, device)?;
     if config.tie_word_embeddings && !info.arch.tie_word_embeddings && says_untied(&files.config) {
         // Tying is what this loader has always done here (tests/load_checkpoint.rs pins
@@ -391,4 +394,47 @@ pub fn is_gguf_path(path: &Path) -> bool {
     path.extension()
         .and_then(|e| e.to_str())
         .is_some_and(|e| e.eq_ignore_ascii_case("gguf"))
+}
+
+/// A fingerprint of a local model's weights (and its config.json): SHA-256 over each
+/// file's name and size and 64 blocks of 4 KiB spread over it. Any other weights of
+/// the same shape (another seed, a fine-tune) differ in nearly every block, and reading
+/// 256 KiB a file costs nothing next to loading it. `None`: not a local model (a Hub
+/// id names its own weights).
+pub fn weights_fingerprint(name: &str) -> Result<Option<String>> {
+    use sha2::{Digest, Sha256};
+    use std::io::{Read, Seek, SeekFrom};
+    let path = Path::new(name);
+    let files = if path.is_file() {
+        vec![path.to_path_buf()]
+    } else if path.is_dir() {
+        let f = resolve_dir(path)?;
+        std::iter::once(f.config).chain(f.weights).collect()
+    } else {
+        return Ok(None);
+    };
+    const BLOCKS: u64 = 64;
+    const BLOCK: u64 = 4096;
+    let mut h = Sha256::new();
+    for p in &files {
+        let mut f = std::fs::File::open(p).with_context(|| format!("reading {}", p.display()))?;
+        let len = f.metadata()?.len();
+        h.update(
+            p.file_name()
+                .map(|n| n.as_encoded_bytes())
+                .unwrap_or_default(),
+        );
+        h.update(len.to_le_bytes());
+        let mut buf = vec![0u8; BLOCK as usize];
+        for i in 0..BLOCKS {
+            let at = (len.saturating_sub(BLOCK)) * i / (BLOCKS - 1);
+            f.seek(SeekFrom::Start(at))?;
+            let n = f.read(&mut buf)?;
+            h.update(&buf[..n]);
+        }
+    }
+    let digest = h.finalize();
+    Ok(Some(
+        digest.iter().take(12).map(|b| format!("{b:02x}")).collect(),
+    ))
 }

@@ -147,6 +147,20 @@ impl<'a, R: Read + Seek> Walker<'a, R> {
     fn walk(mut self) -> Result<HeaderProblem, HeaderProblem> {
         let n_tensors = self.length("tensor count")?;
         let n_kv = self.length("metadata count")?;
+        // The smallest table entry: a tensor's name length, dimension count, type and
+        // offset; a metadata key's length, value type and a one-byte value.
+        let (tensor_min, kv_min) = if self.v1 { (20, 9) } else { (24, 13) };
+        for (n, min, what) in [
+            (n_tensors, tensor_min, "tensors"),
+            (n_kv, kv_min, "metadata keys"),
+        ] {
+            if n.saturating_mul(min) > self.len {
+                return Err(HeaderProblem::Other(format!(
+                    "the header claims {n} {what}, more than a file of {} bytes can list",
+                    self.len
+                )));
+            }
+        }
         for _ in 0..n_kv {
             let n = self.length("metadata")?;
             self.skip(n, "metadata")?;
@@ -225,6 +239,7 @@ pub fn read_content(path: &Path) -> Result<Content> {
     match Content::read(&mut r) {
         Ok(c) => Ok(c),
         Err(e) => {
+            let e = crate::model::candle_message(&e);
             let problem = diagnose_header(&mut r);
             match problem {
                 HeaderProblem::Truncated(why) => {

@@ -280,6 +280,12 @@ pub fn load_gguf(
     let ctx = || format!("in {}", path.display());
     let mut f = GgufFile::open(path)?;
     let config = file_config(&mut f).with_context(ctx)?;
+    // Dequantized to `dtype`, or about the file's own size kept quantized.
+    let bytes = match quant {
+        None => config.parameters() as f64 * dtype.size_in_bytes() as f64,
+        Some(_) => std::fs::metadata(path).map_or(0.0, |m| m.len() as f64),
+    };
+    crate::model::budget::check_weights(bytes, device, &path.display().to_string())?;
     let (weights, quant) = read_weights(&mut f, &config, dtype, device, quant).with_context(ctx)?;
     let mut tensor_types: BTreeMap<String, usize> = BTreeMap::new();
     for info in f.content.tensor_infos.values() {
