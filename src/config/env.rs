@@ -79,18 +79,6 @@ pub struct EnvConfig {
         skip_serializing_if = "is_default_draws"
     )]
     pub contested_draws: usize,
-    /// With `contested`: the share of prompts judged by *regret* instead of spread: a
-    /// decision is kept when the continuation policy's own action falls more than
-    /// `contested_margin` short of the best legal action, that is where one step of
-    /// policy improvement over the continuation changes the move. A seeded coin per
-    /// prompt decides which rule judges it. A warm start that imitates the
-    /// continuation policy meets, at decisions drawn by spread, mostly decisions at
-    /// which its own move is already the best; regret draws the ones that teach it a
-    /// better move (pair it with `enumerate_actions`, which shows that move). The log's
-    /// `decisions/regret` is the kept decisions' mean regret, whatever this share.
-    /// Range: [0, 1].
-    #[serde(default, skip_serializing_if = "is_zero_f64")]
-    pub contested_regret_share: f64,
     /// Decision mode: every group also holds one completion per legal action of the
     /// deciding seat (the environment's own answer text for it, in the prompt's
     /// format), in place of as many sampled ones; the rest are sampled. A confident
@@ -184,7 +172,6 @@ impl EnvConfig {
             contested: false,
             contested_margin: 0.0,
             contested_draws: DEFAULT_CONTESTED_DRAWS,
-            contested_regret_share: 0.0,
             enumerate_actions: false,
             options,
         }
@@ -198,7 +185,6 @@ impl EnvConfig {
         self.contested.then_some(crate::envs::ContestRule {
             margin: self.contested_margin,
             draws: self.contested_draws,
-            regret_share: self.contested_regret_share,
         })
     }
 
@@ -306,18 +292,6 @@ impl EnvConfig {
         }
         if self.contested_draws == 0 {
             return Err(err("contested_draws", "must be at least 1"));
-        }
-        if !(0.0..=1.0).contains(&self.contested_regret_share) {
-            return Err(err(
-                "contested_regret_share",
-                format!("{} is not a share in [0, 1]", self.contested_regret_share),
-            ));
-        }
-        if self.contested_regret_share > 0.0 && !self.contested {
-            return Err(err(
-                "contested_regret_share",
-                "applies with contested = true",
-            ));
         }
         for (key, set) in [
             ("contested", self.contested),

@@ -151,7 +151,6 @@ fn contest_columns(batch: &Batch, rest: StepRow) -> StepRow {
         decision_draws: c.iter().map(|c| c.draws as f64).sum::<f64>() / n,
         contested_frac: c.iter().filter(|c| c.contested).count() as f64 / n,
         action_spread: c.iter().map(|c| c.spread).sum::<f64>() / n,
-        regret: c.iter().map(|c| c.regret).sum::<f64>() / n,
         ..rest
     }
 }

@@ -84,8 +84,6 @@ pub struct StepRow {
     pub decision_draws: f64,
     pub contested_frac: f64,
     pub action_spread: f64,
-    /// The mean regret of the continuation policy's own action there.
-    pub regret: f64,
     /// `[env] enumerate_actions`: the share of groups in which a sampled completion
     /// reached the group's best reward, and the mean advantage the enumerated ones train
     /// with (never below 0).
@@ -181,7 +179,6 @@ pub const CONTEST_COLUMNS: &[Column] = &[
     ("decisions/draws", |r| r.decision_draws),
     ("decisions/contested_frac", |r| r.contested_frac),
     ("decisions/action_spread", |r| r.action_spread),
-    ("decisions/regret", |r| r.regret),
 ];
 
 /// Written after [`CONTEST_COLUMNS`] by runs with `[env] enumerate_actions`.
