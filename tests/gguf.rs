@@ -612,6 +612,30 @@ fn gguf_impossible_counts_are_named_without_a_backtrace() {
     );
 }
 
+/// Issue 54, item 7: a RoPE base that is NaN, 0 or -inf (every logit NaN) and a
+/// context length of 0 are refused by their GGUF keys.
+#[test]
+fn gguf_bad_rope_base_and_context_length_are_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let spec = spec(false);
+    let (q, _) = quantized(&spec);
+    let cases = [
+        ("qwen2.rope.freq_base", Value::F32(f32::NAN)),
+        ("qwen2.rope.freq_base", Value::F32(0.0)),
+        ("qwen2.rope.freq_base", Value::F32(f32::NEG_INFINITY)),
+        ("qwen2.context_length", Value::U32(0)),
+    ];
+    for (i, (key, v)) in cases.into_iter().enumerate() {
+        let mut md = metadata(&spec);
+        let at = md.iter().position(|(k, _)| k == key).unwrap();
+        md[at].1 = v;
+        let path = tmp.path().join(format!("bad{i}.gguf"));
+        write_gguf(&path, &md, &q);
+        let e = load_err(&path);
+        assert!(e.contains(key), "{key}: {e}");
+    }
+}
+
 #[test]
 fn gguf_unsupported_architecture_is_named() {
     let tmp = tempfile::tempdir().unwrap();

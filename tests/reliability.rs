@@ -704,6 +704,55 @@ fn init_tiny_refuses_a_directory_with_other_files() {
     assert!(load_model(&spec).is_ok());
 }
 
+/// Issue 54, item 8: `model init-tiny` never writes a checkpoint that does not load or
+/// that loads old weights: a head dim qwen2 cannot record is refused, and a directory
+/// holding an earlier tiny model (one file) re-initialised with two shards scores as a
+/// fresh model of the new seed does, not as the old single file would.
+#[test]
+fn init_tiny_writes_only_checkpoints_that_load_what_it_says() {
+    let d = tempfile::tempdir().unwrap();
+    let dir = |n: &str| d.path().join(n).display().to_string();
+    let init = |args: &[&str]| run(concord().args(["model", "init-tiny"]).args(args));
+    let (rc, err) = init(&["--out", &dir("h"), "--family", "qwen2", "--head-dim", "32"]);
+    assert_eq!(rc, Some(1), "{err}");
+    assert!(err.contains("qwen2's config.json has none"), "{err}");
+    assert!(!d.path().join("h/model.safetensors").exists());
+    let (rc, err) = init(&["--out", &dir("h"), "--family", "qwen3", "--head-dim", "32"]);
+    assert_eq!(rc, Some(0), "{err}");
+    let msgs = d.path().join("m.json");
+    std::fs::write(&msgs, r#"[{"role": "user", "content": "hi"}]"#).unwrap();
+    let score = |model: &str| {
+        let out = concord()
+            .args(["score", "--model", model, "--completion", " hello there"])
+            .arg("--messages")
+            .arg(&msgs)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    assert_eq!(init(&["--out", &dir("re"), "--seed", "1"]).0, Some(0));
+    let first = score(&dir("re"));
+    assert_eq!(
+        init(&["--out", &dir("re"), "--seed", "2", "--shards", "2"]).0,
+        Some(0)
+    );
+    assert_eq!(
+        init(&["--out", &dir("fresh"), "--seed", "2", "--shards", "2"]).0,
+        Some(0)
+    );
+    let again = score(&dir("re"));
+    assert_ne!(again, first, "the old seed's weights were loaded");
+    assert_eq!(again, score(&dir("fresh")));
+    assert!(!d.path().join("re/model.safetensors").exists());
+    // A directory with anything else in it is someone's data.
+    std::fs::write(d.path().join("re/README.md"), "mine").unwrap();
+    let (rc, err) = init(&["--out", &dir("re"), "--seed", "3"]);
+    assert_eq!(rc, Some(1), "{err}");
+    assert!(err.contains("README.md"), "{err}");
+    assert!(d.path().join("re/model.safetensors.index.json").exists());
+}
+
 // ---------------------------------------------------------------------------------------
 // 10. Validation gaps
 // ---------------------------------------------------------------------------------------
@@ -790,6 +839,106 @@ fn load_err(dir: &Path) -> String {
     use concord::model::load::{load_model, ModelSpec};
     let spec = ModelSpec::new(dir.to_str().unwrap(), candle_core::Device::Cpu);
     format!("{:#}", load_model(&spec).err().expect("must fail"))
+}
+
+/// Issue 54, item 7: config.json values of the wrong type are refused by key, not
+/// read as defaults; a scaling that rope_parameters would drop is refused; and a model
+/// that loads but computes NaN (a final norm of f32::MAX overflows to inf) is an error
+/// in `score` and `generate`, never output.
+#[test]
+fn silent_wrong_models_are_refused() {
+    let d = tempfile::tempdir().unwrap();
+    let cases: [(&str, &dyn Fn(&mut serde_json::Value), &str); 5] = [
+        (
+            "theta-str",
+            &|j| j["rope_theta"] = "1000000".into(),
+            "rope_theta must be a number",
+        ),
+        (
+            "theta-bool",
+            &|j| j["rope_theta"] = true.into(),
+            "rope_theta must be a number",
+        ),
+        (
+            "eps-str",
+            &|j| j["rms_norm_eps"] = "1e-6".into(),
+            "rms_norm_eps must be a number",
+        ),
+        (
+            "tie-str",
+            &|j| j["tie_word_embeddings"] = "yes".into(),
+            "tie_word_embeddings must be true or false",
+        ),
+        (
+            "yarn",
+            &|j| {
+                j["rope_scaling"] = serde_json::json!({"rope_type": "yarn", "factor": 4.0});
+                j["rope_parameters"] =
+                    serde_json::json!({"rope_type": "default", "rope_theta": 1e6});
+            },
+            "rope_scaling says rope type \"yarn\"",
+        ),
+    ];
+    for (name, edit, want) in cases {
+        let m = edited_tiny(&d.path().join(name), edit);
+        let e = load_err(&m);
+        assert!(e.contains(want), "{name}: {e}");
+    }
+    // Loads (no weight is NaN or infinite), but every logit is.
+    let m = edited_tiny(&d.path().join("overflow"), |_| {});
+    let p = m.join("model.safetensors");
+    let bytes = std::fs::read(&p).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let mut tensors: Vec<(String, Vec<u8>, Vec<usize>, safetensors::Dtype)> = st
+        .tensors()
+        .into_iter()
+        .map(|(n, v)| (n, v.data().to_vec(), v.shape().to_vec(), v.dtype()))
+        .collect();
+    let norm = tensors
+        .iter_mut()
+        .find(|t| t.0 == "model.norm.weight")
+        .unwrap();
+    for w in norm.1.chunks_mut(4) {
+        w.copy_from_slice(&f32::MAX.to_le_bytes());
+    }
+    let views: Vec<(String, safetensors::tensor::TensorView)> = tensors
+        .iter()
+        .map(|(n, b, s, dt)| {
+            let v = safetensors::tensor::TensorView::new(*dt, s.clone(), b).unwrap();
+            (n.clone(), v)
+        })
+        .collect();
+    std::fs::write(&p, safetensors::serialize(views, &None).unwrap()).unwrap();
+    let msgs = d.path().join("m.json");
+    std::fs::write(&msgs, r#"[{"role": "user", "content": "hi"}]"#).unwrap();
+    let model = m.display().to_string();
+    let m_arg = msgs.display().to_string();
+    for args in [
+        vec![
+            "score",
+            "--model",
+            &model,
+            "--messages",
+            &m_arg,
+            "--completion",
+            " hi",
+        ],
+        vec![
+            "generate",
+            "--model",
+            &model,
+            "--messages",
+            &m_arg,
+            "--max-new-tokens",
+            "3",
+        ],
+    ] {
+        let out = concord().args(&args).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{}: {err}", args[0]);
+        assert!(err.contains("NaN"), "{}: {err}", args[0]);
+        assert!(out.stdout.is_empty(), "{}: {:?}", args[0], out.stdout);
+    }
 }
 
 /// Issue #31, item 23: a base checkpoint whose weights hold NaN or an infinity is

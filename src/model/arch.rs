@@ -356,6 +356,19 @@ impl ArchConfig {
         if c.head_dim == 0 || !c.head_dim.is_multiple_of(2) {
             bail!("config: head_dim must be even and > 0 (got {})", c.head_dim);
         }
+        // A zero, negative or non-finite base makes every logit NaN; a zero length
+        // admits no position.
+        for (key, v) in [
+            ("rope_theta", c.rope_theta),
+            ("rms_norm_eps", c.rms_norm_eps),
+        ] {
+            if !(v > 0.0 && v.is_finite()) {
+                bail!("config: {key} must be a positive number, got {v}");
+            }
+        }
+        if c.max_position_embeddings == 0 {
+            bail!("config: max_position_embeddings must be positive");
+        }
         if let Some(s) = &c.rope_scaling {
             if c.family != Family::Llama {
                 bail!("config: llama3 rope scaling on a {} model", c.family);

@@ -82,6 +82,11 @@ pub fn score_completion(m: &LoadedModel, messages: &[Message], completion: &str)
         .squeeze(0)?
         .to_dtype(DType::F32)?
         .to_vec1::<f32>()?;
+    if logprobs.iter().any(|l| l.is_nan()) {
+        anyhow::bail!(
+            "the model's log-probabilities are NaN: its weights or its config are broken"
+        );
+    }
     Ok(Scored {
         prompt_ids,
         completion_ids,

@@ -19,7 +19,7 @@
 //!   calls that use them choose on the host.
 use std::time::Instant;
 
-use anyhow::{ensure, Result};
+use anyhow::{bail, ensure, Result};
 use candle_core::{DType, Tensor};
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
@@ -587,6 +587,27 @@ impl Chooser {
             return Ok(Vec::new());
         }
         let (n, vocab) = logits.dims2()?;
+        let chosen = self.choose_rows(logits, live, rows, params, n, vocab)?;
+        // A NaN logit makes the whole distribution NaN: its tokens are noise, never
+        // output (broken weights or config, e.g. a zero RoPE base).
+        if chosen.iter().any(|c| c.full_logprob.is_nan()) {
+            bail!(
+                "the model's logits are NaN: its weights or its config are broken (nothing \
+                 sampled from them is returned)"
+            );
+        }
+        Ok(chosen)
+    }
+
+    fn choose_rows(
+        &mut self,
+        logits: &Tensor,
+        live: &[usize],
+        rows: &mut [&mut Row],
+        params: &SamplingParams,
+        n: usize,
+        vocab: usize,
+    ) -> Result<Vec<Choice>> {
         match self {
             Chooser::Host(samplers) => {
                 let all = logits

@@ -28,6 +28,29 @@ fn get_usize(j: &Json, key: &str) -> Result<Option<usize>> {
     }
 }
 
+/// A number, if `key` is there: any other type is an error naming the key (a quoted
+/// `"1000000"` must not fall back silently to a default).
+fn get_f64(j: &Json, key: &str) -> Result<Option<f64>> {
+    match &j[key] {
+        Json::Null => Ok(None),
+        v => v
+            .as_f64()
+            .map(Some)
+            .ok_or_else(|| anyhow!("config.json: {key} must be a number, got {v}")),
+    }
+}
+
+/// A bool, if `key` is there; any other type is an error naming the key.
+fn get_bool(j: &Json, key: &str) -> Result<Option<bool>> {
+    match &j[key] {
+        Json::Null => Ok(None),
+        v => v
+            .as_bool()
+            .map(Some)
+            .ok_or_else(|| anyhow!("config.json: {key} must be true or false, got {v}")),
+    }
+}
+
 fn need_usize(j: &Json, key: &str) -> Result<usize> {
     get_usize(j, key)?.ok_or_else(|| anyhow!("config.json: missing {key}"))
 }
@@ -133,9 +156,9 @@ fn arch_of(j: &Json, family: Family) -> Result<ArchConfig> {
         max_position_embeddings: get_usize(j, "max_position_embeddings")?.unwrap_or(32_768),
         rope_theta,
         rope_scaling,
-        rms_norm_eps: j["rms_norm_eps"].as_f64().unwrap_or(1e-6),
-        tie_word_embeddings: j["tie_word_embeddings"].as_bool().unwrap_or(false),
-        attention_bias: j["attention_bias"].as_bool().unwrap_or(false),
+        rms_norm_eps: get_f64(j, "rms_norm_eps")?.unwrap_or(1e-6),
+        tie_word_embeddings: get_bool(j, "tie_word_embeddings")?.unwrap_or(false),
+        attention_bias: get_bool(j, "attention_bias")?.unwrap_or(false),
     };
     let eps = arch.rms_norm_eps;
     if !(eps > 0.0 && eps.is_finite()) {
@@ -157,14 +180,32 @@ fn arch_of(j: &Json, family: Family) -> Result<ArchConfig> {
 /// RoPE: 4.x top-level `rope_theta` and `rope_scaling`, 5.x `rope_parameters` holding
 /// both. Default RoPE everywhere, and Llama 3's `llama3` scaling on Llama.
 fn parse_rope(j: &Json, family: Family) -> Result<(f64, Option<RopeScaling>)> {
+    let scaling_type = |v: &Json| {
+        v["rope_type"]
+            .as_str()
+            .or_else(|| v["type"].as_str())
+            .map(String::from)
+    };
     let params = match &j["rope_parameters"] {
         Json::Null => &j["rope_scaling"],
-        p => p,
+        p => {
+            // Both written: transformers 5 reads rope_parameters; a scaling that only
+            // rope_scaling states would be dropped without a word.
+            let (old, new) = (scaling_type(&j["rope_scaling"]), scaling_type(p));
+            if let Some(old) = old.filter(|o| *o != "default" && Some(o) != new.as_ref()) {
+                bail!(
+                    "config.json: rope_scaling says rope type {old:?} but rope_parameters \
+                     says {:?}: give one of them",
+                    new.as_deref().unwrap_or("default")
+                );
+            }
+            p
+        }
     };
-    let theta = params["rope_theta"]
-        .as_f64()
-        .or_else(|| j["rope_theta"].as_f64())
-        .unwrap_or(10_000.0);
+    let theta = match get_f64(params, "rope_theta")? {
+        Some(t) => t,
+        None => get_f64(j, "rope_theta")?.unwrap_or(10_000.0),
+    };
     let rope_type = params["rope_type"]
         .as_str()
         .or_else(|| params["type"].as_str())

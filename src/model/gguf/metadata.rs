@@ -197,6 +197,21 @@ pub fn config_from_metadata(
         tie_word_embeddings: !has_output,
         attention_bias: false,
     };
+    // Named by their GGUF keys (validate would name config.json's).
+    for (key, v) in [
+        ("rope.freq_base", cfg.rope_theta),
+        ("attention.layer_norm_rms_epsilon", cfg.rms_norm_eps),
+    ] {
+        if !(v > 0.0 && v.is_finite()) {
+            bail!(
+                "GGUF metadata key {} must be a positive number, got {v}",
+                k(key)
+            );
+        }
+    }
+    if cfg.max_position_embeddings == 0 {
+        bail!("GGUF metadata key {} must be positive", k("context_length"));
+    }
     cfg.validate().context("GGUF metadata")?;
     Ok(cfg)
 }

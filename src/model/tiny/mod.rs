@@ -162,6 +162,17 @@ impl TinySpec {
         if self.rope_scaling.is_some() && self.family != Family::Llama {
             bail!("rope scaling is Llama 3's: use --family llama");
         }
+        // Qwen2's config.json has no head_dim: transformers (and this loader) take
+        // hidden_size / num_attention_heads, so another value could not load.
+        if self.family == Family::Qwen2
+            && self.head_dim.is_some_and(|d| d * self.heads != self.hidden)
+        {
+            bail!(
+                "head dim: qwen2's config.json has none (it is hidden / heads = {}); \
+                 use --family qwen3 or llama for another",
+                self.hidden / self.heads
+            );
+        }
         if self.shards == 0 {
             bail!("shards must be at least 1");
         }
@@ -284,9 +295,51 @@ fn json_bytes(v: &serde_json::Value) -> Result<Vec<u8>> {
 }
 
 /// Write the checkpoint into `out` (created if needed). Returns the files written.
+/// Make `out` ready for a new model: a directory that holds only what this function
+/// writes (an earlier tiny model) loses its weight files (model.safetensors, shards,
+/// index) first; a stale single file would be what the loader reads, with the old
+/// seed's weights, and removing first means an interrupted write leaves a model that
+/// fails to load rather than one that loads old weights. A directory with any other
+/// file is someone's data: refused.
+fn clear_earlier_model(out: &Path) -> Result<()> {
+    const WRITTEN: [&str; 4] = [
+        "config.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "generation_config.json",
+    ];
+    let is_weights = |n: &str| {
+        n == "model.safetensors"
+            || n == "model.safetensors.index.json"
+            || (n.starts_with("model-") && n.ends_with(".safetensors"))
+    };
+    let mut weights = Vec::new();
+    for e in std::fs::read_dir(out).with_context(|| format!("reading {}", out.display()))? {
+        let p = e?.path();
+        let name = p
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        if is_weights(&name) && p.is_file() {
+            weights.push(p);
+        } else if !(WRITTEN.contains(&name.as_str()) && p.is_file()) {
+            bail!(
+                "{} holds {name}, which init-tiny does not write: give an empty or absent \
+                 directory (or one holding an earlier tiny model only)",
+                out.display()
+            );
+        }
+    }
+    for p in weights {
+        std::fs::remove_file(&p).with_context(|| format!("removing {}", p.display()))?;
+    }
+    Ok(())
+}
+
 pub fn init_tiny(spec: &TinySpec, out: &Path) -> Result<Vec<PathBuf>> {
     spec.validate()?;
     std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
+    clear_earlier_model(out)?;
     let mut written = Vec::new();
 
     written.push(write_atomic(
