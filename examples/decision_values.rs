@@ -9,11 +9,15 @@
 //! which every action ties (a group of such a prompt ties whatever the model writes;
 //! `[env] contested` skips them), each action's mean reward, and the best action; then
 //! each action's mean over all decisions: the constant a policy that cannot tell the
-//! situations apart drifts to. Last, one step of policy improvement: the mean seat
+//! situations apart drifts to. Last, a clairvoyant greedy policy: the mean seat
 //! reward, over held-out episodes, of the policy that plays at every decision the best
 //! action of this reward (the action now, the continuation after it), beside the
-//! continuation policy's own: how far decision-mode GRPO can lead past the policy
-//! that finishes its episodes.
+//! continuation policy's own. Each action is scored on a copy of the episode whose
+//! future holds the same random draws as the episode then played, so this policy sees
+//! its own future: an upper bound no policy reading the state reaches. Decision-mode
+//! GRPO learns each action's expected reward given what the prompt shows; the
+//! shortfall lines below are measured on the same realized futures, so part of each
+//! shortfall is the continuation's bad luck, not a better move.
 use concord::envs::{self, contest::action_spread, score_decision, training_seed};
 use concord::envs::{eval_seed, score_joint, EnvFactory};
 use std::collections::BTreeMap;
@@ -107,8 +111,9 @@ fn main() -> anyhow::Result<()> {
     let greedy = mean_seat_reward(factory.as_ref(), true)?;
     let plain = mean_seat_reward(factory.as_ref(), false)?;
     println!(
-        "greedy over this reward: {greedy:.4}; the continuation policy itself: {plain:.4} \
-         (mean policy-seat reward, {EPISODES} held-out episodes)"
+        "clairvoyant greedy over this reward (each action scored on the episode's own \
+         future draws): {greedy:.4}; the continuation policy itself: {plain:.4} (mean \
+         policy-seat reward, {EPISODES} held-out episodes)"
     );
     Ok(())
 }

@@ -9,8 +9,10 @@
 //!   often each is the unique best: the move a policy that cannot tell states apart
 //!   drifts to;
 //! * the held-out win rate (binary rule) of the policy that plays the best move of that
-//!   reward at every step of 400 episodes: what a policy that reads the state perfectly
-//!   could reach.
+//!   reward at every step of 400 episodes. That policy is clairvoyant: it scores each
+//!   move on a copy of the episode, whose future holds the same random draws (the
+//!   peers' hidden types, fix times, tie breaks) as the episode it then plays. It is an
+//!   upper bound that no policy reading the state reaches, not a target.
 use concord::envs::{self, EnvFactory};
 
 const MOVES: [&str; 3] = ["DEPLOY_PROD_A", "DEPLOY_PROD_B", "MONITOR"];
