@@ -767,7 +767,9 @@ fn train_on_a_served_environment_then_lose_it_with_a_checkpoint() {
         err.contains("checkpoint-2 written") && err.contains("--resume"),
         "{err}"
     );
-    assert!(err.contains("lost the connection"), "{err}");
+    // The next step's sessions cannot connect: "could not reach", and still the
+    // server-lost path (a checkpoint, the resume command).
+    assert!(err.contains("could not reach the OpenEnv server"), "{err}");
     assert!(t.session.run_dir.join("checkpoint-2").is_dir());
 }
 
@@ -881,6 +883,91 @@ fn long_observation_server(words: usize) -> String {
         }
     });
     url
+}
+
+/// An OpenEnv server that answers every reset with `reset` and every other frame with
+/// `step` (each the `data` of an observation frame, or a whole frame with `"type"`).
+fn fixed_server(reset: Value, step: Value) -> String {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("ws://{}", listener.local_addr().unwrap());
+    std::thread::spawn(move || {
+        while let Ok((s, _)) = listener.accept() {
+            let (reset, step) = (reset.clone(), step.clone());
+            std::thread::spawn(move || {
+                let Ok(mut ws) = tungstenite::accept(s) else {
+                    return;
+                };
+                while let Ok(Message::Text(t)) = ws.read() {
+                    let data = if t.contains("\"reset\"") {
+                        &reset
+                    } else {
+                        &step
+                    };
+                    let frame = match data.get("type") {
+                        Some(_) => data.clone(),
+                        None => json!({"type": "observation", "data": data}),
+                    };
+                    if ws.send(Message::text(frame.to_string())).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    url
+}
+
+/// Issue 54, item 13: what a server sends that is not what OpenEnv allows is an error
+/// naming the server and the step, never a reward of 0, a sum of inf, escapes on the
+/// terminal or an unreadable seat list; a refused connection is not called "lost".
+#[test]
+fn malformed_server_replies_are_named_errors() {
+    let obs = |reward: Value, done: bool| json!({"observation": {"text": "go"}, "reward": reward, "done": done});
+    let ansi = json!({"type": "error", "data": {
+        "message": "\u{1b}[31mboom\u{1b}[0m\u{7}", "code": "EXECUTION_ERROR"}});
+    let cases = [
+        (
+            obs(Value::Null, false),
+            obs("0.5".into(), true),
+            "the reward \"0.5\" is not a number",
+        ),
+        (
+            obs(Value::Null, false),
+            obs(1e308.into(), false),
+            "is not a finite number",
+        ),
+        (obs(Value::Null, false), ansi, "boom"),
+        (
+            obs(Value::Null, true),
+            obs(Value::Null, true),
+            "over at its reset",
+        ),
+    ];
+    for (reset, step, want) in cases {
+        let url = fixed_server(reset, step);
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = remote_config(dir.path(), &url, 1);
+        let text = std::fs::read_to_string(&cfg).unwrap() + "max_steps = 4\n";
+        std::fs::write(&cfg, text).unwrap();
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_concord"))
+            .args(["train", "--config", cfg.to_str().unwrap()])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{want}: {err}");
+        assert!(err.contains(want), "{want}: {err}");
+        assert!(err.contains(&format!("step 1 on {url}")), "{want}: {err}");
+        assert!(!err.contains('\u{1b}') && !err.contains('\u{7}'), "{err:?}");
+    }
+    // Nothing listens there: "could not reach", not "lost".
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let f = RemoteFactory::new(RemoteSpec::new(format!("ws://127.0.0.1:{port}"))).unwrap();
+    let e = format!("{:#}", f.try_reset(1).err().unwrap());
+    assert!(e.contains("could not reach") && !e.contains("lost"), "{e}");
 }
 
 /// Issue 54, item 1: an observation past the model's positions (40,000 words here) or
@@ -1094,6 +1181,24 @@ fn remote_config_keys_are_checked() {
             "the [env] url server takes its options",
         ),
         ("[env]\nurl = \"wss://h:1\"\nmode = \"episode\"\n", "TLS"),
+        // Issue 54, item 13: no port, a port past 65535, a query.
+        (
+            "[env]\nurl = \"ws://127.0.0.1\"\nmode = \"episode\"\n",
+            "names no port",
+        ),
+        (
+            "[env]\nurl = \"ws://h:99999\"\nmode = \"episode\"\n",
+            "not a TCP port",
+        ),
+        (
+            "[env]\nurl = \"ws://h:1?x=1\"\nmode = \"episode\"\n",
+            "a query",
+        ),
+        (
+            "[env]\nurl = \"ws://h:1\"\nmode = \"episode\"\n[sft]\nwarm_start = true\n\
+             source = \"env\"\n",
+            "sft.source",
+        ),
         (
             "[env]\nurl = \"ws://h:1\"\nmode = \"episode\"\n[env.options]\npeers = \"dumb\"\n",
             "concord serve",

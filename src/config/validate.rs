@@ -100,11 +100,26 @@ impl Config {
     }
 
     fn check_sft(&self) -> Checked {
-        match &self.sft {
-            Some(s) => s
-                .check(self.env.is_some())
-                .map_err(|(key, msg)| ValidationError::at("sft", key, msg)),
-            None => Ok(()),
+        let Some(s) = &self.sft else {
+            return Ok(());
+        };
+        s.check(self.env.is_some())
+            .map_err(|(key, msg)| ValidationError::at("sft", key, msg))?;
+        // Demonstrations come from a built-in environment's scripted policies; a server
+        // has none (and its [env] has no name to fall back on).
+        let from_env = matches!(
+            s.source,
+            super::sft::SftSource::Env | super::sft::SftSource::Rejection
+        );
+        let server = self.env.as_ref().is_some_and(|e| e.url.is_some());
+        if from_env && s.env.is_none() && server {
+            return Err(ValidationError::at(
+                "sft",
+                "source",
+                "an OpenEnv server ([env] url) has no scripted policy to demonstrate: \
+                 give [sft] env = \"NAME\" (a built-in environment) or source = \"jsonl\"",
+            ));
         }
+        Ok(())
     }
 }

@@ -138,6 +138,20 @@ impl RemoteSpec {
             bail!("`{u}` is not an OpenEnv server URL: use ws://host:port or http://host:port")
         };
         let rest = rest.strip_suffix("/ws").unwrap_or(rest);
+        if rest.contains(['?', '#']) {
+            bail!(
+                "`{u}`: a query or fragment has no place in an OpenEnv server URL (ws://host:port)"
+            );
+        }
+        let authority = rest.split('/').next().unwrap_or_default();
+        let hostport = authority.rsplit('@').next().unwrap_or_default();
+        let port = match hostport.rsplit_once(':') {
+            Some((host, port)) if !host.is_empty() && !port.contains(']') => port,
+            _ => bail!("`{u}` names no port: give ws://host:port"),
+        };
+        if !port.parse::<u16>().is_ok_and(|p| p > 0) {
+            bail!("`{u}`: port {port} is not a TCP port (1-65535)");
+        }
         Ok(format!("ws://{rest}/ws"))
     }
 }
@@ -152,13 +166,21 @@ pub struct ConnectionLost {
 
 impl std::fmt::Display for ConnectionLost {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never connected is not "lost": say which.
+        let what = match self.detail.starts_with(CONNECTING) {
+            true => "could not reach",
+            false => "lost the connection to",
+        };
         write!(
             f,
-            "lost the connection to the OpenEnv server at {}: {}",
+            "{what} the OpenEnv server at {}: {}",
             self.url, self.detail
         )
     }
 }
+
+/// How [`ConnectionLost::detail`] starts when the connection was never made.
+const CONNECTING: &str = "connecting: ";
 
 impl std::error::Error for ConnectionLost {}
 
@@ -227,7 +249,7 @@ impl RemoteEnv {
         let url = spec.ws_url()?;
         let socket = connect(&url, spec.timeout).map_err(|e| ConnectionLost {
             url: url.clone(),
-            detail: format!("connecting: {e:#} (is the server running?)"),
+            detail: format!("{CONNECTING}{e:#} (is the server running?)"),
         })?;
         let mut env = Self {
             spec,
@@ -347,6 +369,11 @@ impl RemoteEnv {
                     }
                     _ => "",
                 };
+                // A server's text is shown as text: no terminal escapes, no control bytes.
+                let msg: String = msg
+                    .chars()
+                    .map(|c| if c.is_control() { '?' } else { c })
+                    .collect();
                 bail!("{}: `{what}` refused: {code}: {msg}{hint}", self.url)
             }
             Some(_) => Ok(v.get("data").cloned().unwrap_or(Value::Null)),
@@ -361,7 +388,20 @@ impl RemoteEnv {
             .ok_or_else(|| anyhow!("{}: a reply without `observation`: {data}", self.url))?;
         self.observation = to_messages(obs, self.spec.observation_key.as_deref())?;
         self.done = data.get("done").and_then(Value::as_bool).unwrap_or(false);
-        Ok(data.get("reward").and_then(Value::as_f64).unwrap_or(0.0))
+        // OpenEnv's reward is a number or null (none this step); anything else is the
+        // server's bug, not a reward of 0.
+        match data.get("reward") {
+            None | Some(Value::Null) => Ok(0.0),
+            Some(v) => match v.as_f64() {
+                Some(r) if r.is_finite() && (self.sum() + r).is_finite() => Ok(r),
+                Some(r) => bail!(
+                    "{}: reward {r} (the episode's sum so far {}) is not a finite number",
+                    self.url,
+                    self.sum()
+                ),
+                None => bail!("{}: the reward {v} is not a number", self.url),
+            },
+        }
     }
 
     fn sum(&self) -> f64 {

@@ -94,6 +94,12 @@ impl EpisodeTask {
     /// The prompts of the episode starting from `seed`: one per policy seat.
     pub fn starts(&self, seed: u64, renderer: &dyn Renderer) -> Result<Vec<TaskPrompt>> {
         let env = self.factory.try_reset(seed)?;
+        ensure!(
+            !env.done(),
+            "`{}`: the episode of seed {seed} is over at its reset (done), so it has \
+             nothing to play",
+            self.factory.name()
+        );
         let seats = env.policy_seats();
         let acting: BTreeSet<usize> = env.to_act().into_iter().collect();
         ensure!(
