@@ -1,6 +1,28 @@
 //! What the operating system says about this process (Linux `/proc`; neutral values
 //! elsewhere). A leaf module.
 
+/// Set by the signal handler ([`crate::run::signal`]): a signal asked the process to
+/// stop. Kept here, a leaf, so that long loops on any floor can give up their work.
+pub static INTERRUPTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Whether a signal asked the process to stop.
+pub fn interrupted() -> bool {
+    INTERRUPTED.load(std::sync::atomic::Ordering::SeqCst)
+}
+
+/// The error of work abandoned because a signal asked the process to stop (a long
+/// collection gives up its step, rather than finish it first).
+#[derive(Debug)]
+pub struct Abandoned;
+
+impl std::fmt::Display for Abandoned {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "abandoned on a signal")
+    }
+}
+
+impl std::error::Error for Abandoned {}
+
 /// Peak resident set size of this process in MiB (VmHWM), 0 where unknown.
 pub fn peak_rss_mb() -> f64 {
     status_kb("VmHWM:").map_or(0.0, |kb| kb / 1024.0)

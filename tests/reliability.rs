@@ -1891,12 +1891,20 @@ fn quick_invocation(path: &str, d: &Path, run_dir: &Path) -> Option<Vec<String>>
 }
 
 /// Issue #31's acceptance: every flag that takes a number or a duration, given 0, -1,
-/// the largest u64, 1e30, inf or nan, ends in a clean error (exit 1 or 2, no panic, no
-/// signal) or a clean run, within a minute. A server that starts listening counts as a
+/// the largest u64, 1e30, 1e308 (issue 54), inf or nan, ends in a clean error (exit 1
+/// or 2, no panic, no signal) or a clean run, within a minute. A server that starts listening counts as a
 /// clean run and is stopped.
 #[test]
 fn numeric_flags_with_extreme_values_end_cleanly() {
-    const VALUES: [&str; 6] = ["0", "-1", "18446744073709551615", "1e30", "inf", "nan"];
+    const VALUES: [&str; 7] = [
+        "0",
+        "-1",
+        "18446744073709551615",
+        "1e30",
+        "1e308",
+        "inf",
+        "nan",
+    ];
     let d = tempfile::tempdir().unwrap();
     let cfg = write_config(d.path(), 1, 0);
     let run_dir = d.path().join("runs/r");

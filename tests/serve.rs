@@ -970,6 +970,58 @@ fn malformed_server_replies_are_named_errors() {
     assert!(e.contains("could not reach") && !e.contains("lost"), "{e}");
 }
 
+/// Issue 54, item 2: a server whose episodes never end. With `max_steps = 0` an
+/// episode is an error after `MAX_STEPS_UNTIL_DONE` steps, not a run that never ends;
+/// and a signal abandons a step that is still collecting instead of waiting for it (a
+/// later step would keep the last step's checkpoint, as a lost server does).
+#[test]
+fn an_episode_that_never_ends_is_bounded_and_a_signal_abandons_it() {
+    use concord::envs::remote::MAX_STEPS_UNTIL_DONE;
+    let go = json!({"observation": {"text": "go"}, "reward": 0.0, "done": false});
+    let endless = fixed_server(go.clone(), go);
+    let f = RemoteFactory::new(RemoteSpec::new(endless.clone())).unwrap();
+    let mut env = f.try_reset(1).unwrap();
+    for _ in 0..MAX_STEPS_UNTIL_DONE {
+        env.step(&["a".into()]).unwrap();
+    }
+    let e = format!("{:#}", env.step(&["a".into()]).unwrap_err());
+    assert!(
+        e.contains("has not ended") && e.contains("max_steps"),
+        "{e}"
+    );
+
+    // A signal while the model plays the endless episodes out: the step is given up.
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = remote_decision_config(dir.path(), &endless, 1);
+    let log = dir.path().join("stderr.txt");
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_concord"))
+        .args(["train", "--config", cfg.to_str().unwrap()])
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let t0 = std::time::Instant::now();
+    while !std::fs::read_to_string(&log)
+        .unwrap_or_default()
+        .contains("round 3:")
+    {
+        assert!(child.try_wait().unwrap().is_none(), "exited early");
+        assert!(t0.elapsed() < Duration::from_secs(120), "no rounds");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let st = std::process::Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let t1 = std::time::Instant::now();
+    let status = child.wait().unwrap();
+    assert!(t1.elapsed() < Duration::from_secs(30), "{:?}", t1.elapsed());
+    let err = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(status.code(), Some(1), "{err}");
+    assert!(err.contains("abandoned on a signal"), "{err}");
+    assert!(!err.contains("interrupted twice"), "{err}");
+}
+
 /// Issue 54, item 1: an observation past the model's positions (40,000 words here) or
 /// past any memory (400,000 words, 2 MB, asked for 640 GB and aborted) is an error
 /// naming the step, the server and the length, not an abort and not silence.

@@ -43,6 +43,10 @@ const NOT_REPLAYABLE: &str = "decision mode copies a remote episode by replaying
     actions in a new session, so the server's episodes must be a function of the seed \
     and the actions (train this server with mode = \"episode\")";
 
+/// With `[env] max_steps = 0` (the server says when an episode ends), the steps after
+/// which an episode that never ends is an error rather than a run that never finishes.
+pub const MAX_STEPS_UNTIL_DONE: usize = 1000;
+
 /// The registry-like name of every remote environment.
 pub const NAME: &str = "remote";
 /// The reward component holding the sum of the remote step rewards.
@@ -506,6 +510,14 @@ impl Environment for RemoteEnv {
             "a remote environment takes one text per step, got {}",
             actions.len()
         );
+        if self.spec.max_steps == 0 && self.steps.len() >= MAX_STEPS_UNTIL_DONE {
+            bail!(
+                "{}: the episode of seed {} has not ended after {MAX_STEPS_UNTIL_DONE} steps; \
+                 set [env] max_steps to end episodes client-side",
+                self.url,
+                self.seed
+            );
+        }
         let data = self.request(
             json!({"type": "step", "data": {self.spec.action_key.clone(): actions[0]}}),
             "step",

@@ -269,7 +269,9 @@ impl Trainer {
             };
             e.context(format!("step {} on {on}", self.session.state.step + 1))
         };
-        let lost = if e.chain().any(|c| c.is::<ConnectionLost>()) {
+        let lost = if e.chain().any(|c| c.is::<crate::sys::Abandoned>()) {
+            "a signal abandoned it"
+        } else if e.chain().any(|c| c.is::<ConnectionLost>()) {
             "the OpenEnv server was lost"
         } else if e.chain().any(|c| c.is::<ProgramFailed>()) {
             "the reward program failed"
@@ -302,7 +304,8 @@ impl Trainer {
     /// ([`Trainer::evaluate_missing`]).
     fn on_eval_error(&self, e: anyhow::Error) -> anyhow::Error {
         let s = self.session.state.step;
-        if !crate::envs::is_lost(&e) || s == 0 || self.dist.is_distributed() {
+        let abandoned = e.chain().any(|c| c.is::<crate::sys::Abandoned>());
+        if !(crate::envs::is_lost(&e) || abandoned) || s == 0 || self.dist.is_distributed() {
             return e;
         }
         match self.save_checkpoint() {

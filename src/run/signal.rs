@@ -1,10 +1,9 @@
 //! SIGINT (Ctrl-C), SIGTERM and SIGHUP during training: the trainer finishes its step,
 //! writes a checkpoint and stops with the command that resumes it; a second signal
 //! exits at once. GRPO and SFT (standalone or a warm start) share the one handler.
+use crate::sys::INTERRUPTED;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
-
-static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+use std::sync::atomic::Ordering;
 
 /// Install the handler (once per process; later calls keep the first).
 pub fn install() {
@@ -15,14 +14,15 @@ pub fn install() {
             std::process::exit(130);
         }
         crate::note!(
-            "\ninterrupted (signal): finishing the step, writing a checkpoint, then exiting"
+            "\ninterrupted (signal): finishing the step (or abandoning a long one), writing \
+             a checkpoint, then exiting"
         );
     });
 }
 
 /// Whether a signal asked the run to stop.
 pub fn interrupted() -> bool {
-    INTERRUPTED.load(Ordering::SeqCst)
+    crate::sys::interrupted()
 }
 
 /// The error of a trainer that stopped on a signal after writing `checkpoint`; the

@@ -161,6 +161,11 @@ impl<P: Policy> Policy for Progress<P> {
         episodes: &mut [&mut dyn Environment],
         turns: &[Turn],
     ) -> Result<Vec<String>> {
+        // Rounds can go on for minutes (a server whose episodes run long): a signal
+        // abandons them, and the trainer keeps its last finished step.
+        if crate::sys::interrupted() {
+            return Err(crate::sys::Abandoned.into());
+        }
         let open = episodes.iter().filter(|e| !e.done()).count();
         if let Some(t) = turns.first() {
             crate::note!(
