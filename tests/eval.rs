@@ -139,19 +139,21 @@ fn eval_compare_reports_held_out_episodes() {
     assert_eq!(three.models["base"], earlier.models["base"]);
     assert_eq!(three.models.len(), 3);
 
+    // The stderr of a refused `eval`.
+    let refused = |args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_concord"))
+            .args(args)
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{args:?}");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
     let mut other = against.clone();
     let at = other.iter().position(|a| *a == "5").unwrap();
     other[at] = "4";
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_concord"))
-        .args(&other)
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        !out.status.success() && err.contains("not the same evaluation"),
-        "{err}"
-    );
+    let err = refused(&other);
+    assert!(err.contains("not the same evaluation"), "{err}");
     // Issue 54, item 12: a report of another game (other environment options) or of
     // other sampling is refused, and the difference is printed key by key.
     let classic = concord::envs::ticketmelt::Rules::classic();
@@ -176,13 +178,8 @@ fn eval_compare_reports_held_out_episodes() {
     ] {
         let mut other = against.clone();
         other.extend(["--set", set.as_str()]);
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_concord"))
-            .args(&other)
-            .current_dir(env!("CARGO_MANIFEST_DIR"))
-            .output()
-            .unwrap();
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(!out.status.success() && err.contains(&want), "{set}: {err}");
+        let err = refused(&other);
+        assert!(err.contains(&want), "{set}: {err}");
         assert!(
             !err.contains("SamplingParams") && !err.contains('{'),
             "{err}"

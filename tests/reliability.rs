@@ -401,14 +401,19 @@ fn sigterm_writes_a_checkpoint_and_the_run_resumes_from_any_directory() {
 // 5. Resume may not change the adapter, optimizer or schedule
 // ---------------------------------------------------------------------------------------
 
+/// A finished 2-step run in `dir`, a checkpoint at each step: its config and directory.
+fn two_step_run(dir: &Path) -> (PathBuf, PathBuf) {
+    let cfg = write_config(dir, 2, 1);
+    let (rc, err) = train(&["--config", cfg.to_str().unwrap()]);
+    assert_eq!(rc, Some(0), "{err}");
+    (cfg, dir.join("runs/r"))
+}
+
 #[test]
 fn resume_refuses_changes_to_the_adapter_optimizer_and_schedule() {
     let d = tempfile::tempdir().unwrap();
-    let cfg = write_config(d.path(), 2, 1);
-    let run_dir = d.path().join("runs/r");
+    let (cfg, run_dir) = two_step_run(d.path());
     let r = run_dir.to_str().unwrap();
-    let (rc, err) = train(&["--config", cfg.to_str().unwrap()]);
-    assert_eq!(rc, Some(0), "{err}");
     let log = std::fs::read(run_dir.join("training_log.csv")).unwrap();
     for (set, key) in [
         ("lora.r=4", "lora.r"),
@@ -458,11 +463,8 @@ fn resume_refuses_changes_to_the_adapter_optimizer_and_schedule() {
 #[test]
 fn resume_holds_an_edited_run_config_to_the_checkpoint() {
     let d = tempfile::tempdir().unwrap();
-    let cfg = write_config(d.path(), 2, 1);
-    let run_dir = d.path().join("runs/r");
+    let (_, run_dir) = two_step_run(d.path());
     let r = run_dir.to_str().unwrap();
-    let (rc, err) = train(&["--config", cfg.to_str().unwrap()]);
-    assert_eq!(rc, Some(0), "{err}");
     let saved = run_dir.join("config.toml");
     let original = std::fs::read_to_string(&saved).unwrap();
     let log = std::fs::read(run_dir.join("training_log.csv")).unwrap();
@@ -841,6 +843,29 @@ fn load_err(dir: &Path) -> String {
     format!("{:#}", load_model(&spec).err().expect("must fail"))
 }
 
+/// Rewrite `model/model.safetensors` with the f32 bytes of tensor `name` edited.
+fn edit_tensor(model: &Path, name: &str, edit: impl FnOnce(&mut [u8])) {
+    let p = model.join("model.safetensors");
+    let bytes = std::fs::read(&p).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let mut tensors: Vec<(String, Vec<u8>, Vec<usize>, safetensors::Dtype)> = st
+        .tensors()
+        .into_iter()
+        .map(|(n, v)| (n, v.data().to_vec(), v.shape().to_vec(), v.dtype()))
+        .collect();
+    let t = tensors.iter_mut().find(|t| t.0 == name).unwrap();
+    assert_eq!(t.3, safetensors::Dtype::F32);
+    edit(&mut t.1);
+    let views: Vec<(String, safetensors::tensor::TensorView)> = tensors
+        .iter()
+        .map(|(n, b, s, dt)| {
+            let v = safetensors::tensor::TensorView::new(*dt, s.clone(), b).unwrap();
+            (n.clone(), v)
+        })
+        .collect();
+    std::fs::write(&p, safetensors::serialize(views, &None).unwrap()).unwrap();
+}
+
 /// Issue 54, item 7: config.json values of the wrong type are refused by key, not
 /// read as defaults; a scaling that rope_parameters would drop is refused; and a model
 /// that loads but computes NaN (a final norm of f32::MAX overflows to inf) is an error
@@ -887,29 +912,11 @@ fn silent_wrong_models_are_refused() {
     }
     // Loads (no weight is NaN or infinite), but every logit is.
     let m = edited_tiny(&d.path().join("overflow"), |_| {});
-    let p = m.join("model.safetensors");
-    let bytes = std::fs::read(&p).unwrap();
-    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
-    let mut tensors: Vec<(String, Vec<u8>, Vec<usize>, safetensors::Dtype)> = st
-        .tensors()
-        .into_iter()
-        .map(|(n, v)| (n, v.data().to_vec(), v.shape().to_vec(), v.dtype()))
-        .collect();
-    let norm = tensors
-        .iter_mut()
-        .find(|t| t.0 == "model.norm.weight")
-        .unwrap();
-    for w in norm.1.chunks_mut(4) {
-        w.copy_from_slice(&f32::MAX.to_le_bytes());
-    }
-    let views: Vec<(String, safetensors::tensor::TensorView)> = tensors
-        .iter()
-        .map(|(n, b, s, dt)| {
-            let v = safetensors::tensor::TensorView::new(*dt, s.clone(), b).unwrap();
-            (n.clone(), v)
-        })
-        .collect();
-    std::fs::write(&p, safetensors::serialize(views, &None).unwrap()).unwrap();
+    edit_tensor(&m, "model.norm.weight", |b| {
+        for w in b.chunks_mut(4) {
+            w.copy_from_slice(&f32::MAX.to_le_bytes());
+        }
+    });
     let msgs = d.path().join("m.json");
     std::fs::write(&msgs, r#"[{"role": "user", "content": "hi"}]"#).unwrap();
     let model = m.display().to_string();
@@ -949,26 +956,8 @@ fn a_base_checkpoint_holding_nan_is_refused_by_tensor_name() {
     let d = tempfile::tempdir().unwrap();
     for (i, bad) in [f32::NAN, f32::NEG_INFINITY].into_iter().enumerate() {
         let m = edited_tiny(&d.path().join(format!("m{i}")), |_| {});
-        let p = m.join("model.safetensors");
-        let bytes = std::fs::read(&p).unwrap();
-        let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
         let name = "model.layers.0.mlp.up_proj.weight";
-        let mut tensors: Vec<(String, Vec<u8>, Vec<usize>, safetensors::Dtype)> = st
-            .tensors()
-            .into_iter()
-            .map(|(n, v)| (n, v.data().to_vec(), v.shape().to_vec(), v.dtype()))
-            .collect();
-        let t = tensors.iter_mut().find(|t| t.0 == name).unwrap();
-        assert_eq!(t.3, safetensors::Dtype::F32);
-        t.1[4..8].copy_from_slice(&bad.to_le_bytes());
-        let views: Vec<(String, safetensors::tensor::TensorView)> = tensors
-            .iter()
-            .map(|(n, b, s, dt)| {
-                let v = safetensors::tensor::TensorView::new(*dt, s.clone(), b).unwrap();
-                (n.clone(), v)
-            })
-            .collect();
-        std::fs::write(&p, safetensors::serialize(views, &None).unwrap()).unwrap();
+        edit_tensor(&m, name, |b| b[4..8].copy_from_slice(&bad.to_le_bytes()));
         let e = load_err(&m);
         assert!(e.contains(name) && e.contains("NaN or infinite"), "{e}");
     }

@@ -641,6 +641,12 @@ mod tests {
         let f = RemoteFactory::new(RemoteSpec::new(format!("ws://127.0.0.1:{port}"))).unwrap();
         let err = f.try_reset(1).err().unwrap();
         assert!(err.downcast_ref::<ConnectionLost>().is_some(), "{err:#}");
+        // Never connected: "could not reach", not "lost" (issue 54, item 13).
+        let text = format!("{err:#}");
+        assert!(
+            text.contains("could not reach") && !text.contains("lost"),
+            "{text}"
+        );
         let mut env = f.reset(1);
         assert!(env.step(&["x".into()]).is_err());
     }
