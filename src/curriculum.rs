@@ -84,6 +84,7 @@ fn env_task(env: &EnvConfig) -> Result<Box<dyn Task>> {
         Box::new(
             EnvTask::from_factory(env.factory()?)
                 .continued_by(env.continue_with)
+                .rolled_in_by(env.roll_in)
                 .contested(env.contest())?
                 .enumerating(env.enumerate_actions)?,
         )
@@ -102,11 +103,13 @@ fn stage_task(cfg: &Config, s: &StageSpec, resolved: &Config) -> Result<Box<dyn 
         None => {
             let env = resolved.env.as_ref();
             let who = env.map(|e| e.continue_with).unwrap_or_default();
+            let roll_in = env.map(|e| e.roll_in).unwrap_or_default();
             let contest = env.and_then(|e| e.contest());
             let enumerate = env.is_some_and(|e| e.enumerate_actions);
             let task = |name: &str, opts: &crate::envs::Options| -> Result<EnvTask> {
                 EnvTask::new(name, opts)?
                     .continued_by(who)
+                    .rolled_in_by(roll_in)
                     .contested(contest)?
                     .enumerating(enumerate)
             };

@@ -94,8 +94,8 @@ pub trait Task {
         let _ = prompt;
         Vec::new()
     }
-    /// Decision mode on an environment with no scripted policy (a remote server):
-    /// [`Task::prompts`] gives undrawn prompts (a seed each), and this draws their
+    /// Decision mode on an environment with no scripted policy (a remote server), or
+    /// with `[env] roll_in = "model"`: [`Task::prompts`] gives undrawn prompts (a seed each), and this draws their
     /// decisions by letting `policy` (the model) play ([`envs::sample_decisions_with`]),
     /// filling in each prompt. Default: the prompts are drawn already.
     fn play_to_decisions(
@@ -145,14 +145,16 @@ pub struct Played {
 pub struct EnvTask {
     factory: Box<dyn EnvFactory>,
     continue_with: ContinueWith,
+    /// `[env] roll_in`: who plays each episode to its decision.
+    roll_in: ContinueWith,
     /// `[env] contested`: draw only decisions whose action matters.
     contest: Option<envs::ContestRule>,
     /// `[env] enumerate_actions`: every legal action's answer joins each group.
     enumerate: bool,
 }
 
-/// A prompt of an environment with no scripted policy, before the model has played
-/// to its decision ([`Task::play_to_decisions`]).
+/// A prompt of an environment with no scripted policy (or rolled in by the model),
+/// before the model has played to its decision ([`Task::play_to_decisions`]).
 struct Undrawn {
     seed: u64,
 }
@@ -168,6 +170,7 @@ impl EnvTask {
         Self {
             factory,
             continue_with: ContinueWith::Scripted,
+            roll_in: ContinueWith::Scripted,
             contest: None,
             enumerate: false,
         }
@@ -209,6 +212,13 @@ impl EnvTask {
         self.continue_with = who;
         self
     }
+
+    /// Who plays each episode to its decision (`[env] roll_in`); a server's always is
+    /// the model, which has no other policy.
+    pub fn rolled_in_by(mut self, who: ContinueWith) -> Self {
+        self.roll_in = who;
+        self
+    }
 }
 
 impl Task for EnvTask {
@@ -234,7 +244,7 @@ impl Task for EnvTask {
         (0..n)
             .map(|i| {
                 let episode_seed = envs::training_seed(mix(seed, i as u64));
-                if !self.factory.scripted() {
+                if !self.factory.scripted() || !self.roll_in.is_scripted() {
                     return Ok(TaskPrompt::undrawn(episode_seed));
                 }
                 if let Some(rule) = self.contest {

@@ -3,11 +3,14 @@
 //! The driver is checked against the scripted score it must reduce to, and against
 //! rewards known by hand (an editor that never publishes earns nothing); the trainer's
 //! wiring on the tiny model (determinism, a reward the scripted path cannot give).
+//! `[env] roll_in = "model"`: the model also plays each episode up to its decision.
 use concord::config::Config;
 use concord::envs::rollout::{Continuation, EachTurn};
+use concord::envs::Environment;
 use concord::envs::{
     create, sample_decision, score_decision, score_decisions_with, Decision, EnvFactory, Options,
 };
+use concord::task::{EnvTask, Task};
 use std::path::Path;
 
 fn factory(name: &str, opts: &[(&str, &str)]) -> Box<dyn EnvFactory> {
@@ -145,25 +148,7 @@ fn the_model_plays_on_deterministically() {
     };
     assert_eq!(rewards(&a), vec![0.0, 0.0], "{a}");
     assert!(rewards(&scripted).iter().all(|&r| r > 0.3), "{scripted}");
-    let strip = |log: &str| -> Vec<String> {
-        // everything but the timings
-        let header: Vec<&str> = log.lines().next().unwrap().split(',').collect();
-        log.lines()
-            .map(|l| {
-                l.split(',')
-                    .zip(&header)
-                    .filter(|(_, h)| {
-                        !["time", "seconds", "per_s", "mem"]
-                            .iter()
-                            .any(|t| h.contains(t))
-                    })
-                    .map(|(v, _)| v)
-                    .collect::<Vec<_>>()
-                    .join(",")
-            })
-            .collect()
-    };
-    assert_eq!(strip(&a), strip(&b));
+    assert_eq!(strip_timings(&a), strip_timings(&b));
 }
 
 #[test]
@@ -210,4 +195,158 @@ fn continue_with_is_checked() {
         concord::config::ContinueWith::Model
     );
     assert!(stages[0].task.as_episodes().is_some());
+}
+
+/// The fix rounds a TICKETMELT seat still needs, from its compact observation
+/// ("You: 3 left, deadline 8, spare 4"; "You: restored (round 2)" is 0).
+fn left(d: &Decision) -> u32 {
+    let text = &d.messages.last().expect("observation").content;
+    let at = text.find("You: ").expect("a You: line") + 5;
+    if text[at..].starts_with("restored") {
+        return 0;
+    }
+    let n: String = text[at..]
+        .chars()
+        .take_while(char::is_ascii_digit)
+        .collect();
+    n.parse().unwrap_or_else(|_| panic!("no count in {text}"))
+}
+
+/// `[env] roll_in = "model"`: the policy plays each episode to its decision. A policy
+/// that always monitors never deploys, so every decision it rolls in to finds the seat
+/// with all its fix rounds left; the scripted roll-in deploys, and its later decisions
+/// find fewer. The same prompts are drawn again with the same seed.
+#[test]
+fn rolled_in_by_the_model_decisions_fall_where_the_model_plays() {
+    let mut opts = Options::new();
+    opts.insert("prompt".into(), "compact".into());
+    let f = create("ticketmelt", &opts).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    concord::model::tiny::init_tiny(&concord::model::tiny::TinySpec::default(), dir.path())
+        .unwrap();
+    let renderer = concord::model::tokenizer::Tokenizer::from_dir(dir.path()).unwrap();
+    let model = concord::config::ContinueWith::Model;
+    let draw = |task: &mut EnvTask| -> Vec<Decision> {
+        let mut prompts = task.prompts(3, 16, &renderer).unwrap();
+        let mut monitor =
+            EachTurn(|_: &mut dyn Environment, _| Ok(r#"{"commitment": "MONITOR"}"#.to_string()));
+        task.play_to_decisions(&mut prompts, &mut monitor, &renderer)
+            .unwrap();
+        prompts
+            .into_iter()
+            .map(|p| {
+                assert!(p.is_drawn() && !p.ids.is_empty());
+                let d = p.state.downcast_ref::<Decision>().unwrap();
+                assert!(p.text.contains(&d.messages.last().unwrap().content));
+                d.clone()
+            })
+            .collect()
+    };
+    let mut rolled = EnvTask::new("ticketmelt", &opts)
+        .unwrap()
+        .rolled_in_by(model);
+    assert!(rolled
+        .prompts(3, 4, &renderer)
+        .unwrap()
+        .iter()
+        .all(|p| !p.is_drawn()));
+    let by_model = draw(&mut rolled);
+    let later = by_model.iter().filter(|d| d.step > 0).count();
+    assert!(later >= 8, "{later} of 16 decisions after the first round");
+    for d in &by_model {
+        let start = f.reset(d.seed);
+        let at_start = Decision {
+            messages: start.observation(d.seat),
+            env: start,
+            seat: d.seat,
+            seed: d.seed,
+            step: 0,
+        };
+        assert_eq!(left(d), left(&at_start), "seed {} step {}", d.seed, d.step);
+    }
+    let again = draw(
+        &mut EnvTask::new("ticketmelt", &opts)
+            .unwrap()
+            .rolled_in_by(model),
+    );
+    for (a, b) in by_model.iter().zip(&again) {
+        assert_eq!((a.seed, a.step, &a.messages), (b.seed, b.step, &b.messages));
+    }
+    // the scripted roll-in (the default) draws from the same seeds, and has deployed
+    let scripted = draw(&mut EnvTask::new("ticketmelt", &opts).unwrap());
+    let progressed = scripted
+        .iter()
+        .zip(&by_model)
+        .filter(|(s, m)| {
+            assert_eq!(s.seed, m.seed);
+            s.step > 0 && left(s) < left(m)
+        })
+        .count();
+    assert!(
+        progressed >= 3,
+        "{progressed} scripted decisions after a deploy"
+    );
+}
+
+#[test]
+fn roll_in_is_checked() {
+    let base = "[run]\nsteps = 1\n[model]\nname = \"tiny\"\n[env]\nname = \"ticketmelt\"\n";
+    let parse = |extra: &str| Config::from_toml_str(&format!("{base}{extra}"), "t.toml", &[]);
+    let c = parse("roll_in = \"model\"\n").unwrap();
+    assert!(toml::to_string(&c).unwrap().contains("roll_in = \"model\""));
+    assert!(!toml::to_string(&parse("").unwrap())
+        .unwrap()
+        .contains("roll_in"));
+    for (extra, says) in [
+        ("mode = \"episode\"\nroll_in = \"model\"\n", "decision"),
+        ("contested = true\nroll_in = \"model\"\n", "contested"),
+    ] {
+        let e = parse(extra).unwrap_err().to_string();
+        assert!(e.contains("env.roll_in") && e.contains(says), "{e}");
+    }
+}
+
+/// A GRPO run rolled in and continued by the tiny model: the same seed writes the same
+/// log, and its prompts are not the scripted roll-in's.
+#[test]
+fn a_run_rolled_in_by_the_model_is_deterministic() {
+    let dir = tempfile::tempdir().unwrap();
+    let sets = [
+        "env.continue_with=\"model\"",
+        "env.roll_in=\"model\"",
+        "run.log_samples=8",
+    ];
+    let a = train(dir.path(), "a", &sets);
+    let b = train(dir.path(), "b", &sets);
+    train(dir.path(), "s", &sets[..1]);
+    assert_eq!(strip_timings(&a), strip_timings(&b));
+    let prompts = |name: &str| -> Vec<String> {
+        std::fs::read_to_string(dir.path().join(name).join("samples.jsonl"))
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["prompt"].to_string())
+            .collect()
+    };
+    assert_eq!(prompts("a"), prompts("b"));
+    assert!(!prompts("a").is_empty());
+    assert_ne!(prompts("a"), prompts("s"));
+}
+
+/// A log's rows without its timing columns.
+fn strip_timings(log: &str) -> Vec<String> {
+    let header: Vec<&str> = log.lines().next().unwrap().split(',').collect();
+    log.lines()
+        .map(|l| {
+            l.split(',')
+                .zip(&header)
+                .filter(|(_, h)| {
+                    !["time", "seconds", "per_s", "mem"]
+                        .iter()
+                        .any(|t| h.contains(t))
+                })
+                .map(|(v, _)| v)
+                .collect::<Vec<_>>()
+                .join(",")
+        })
+        .collect()
 }

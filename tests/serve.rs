@@ -1309,7 +1309,7 @@ fn http_bodies_are_bounded_in_size_and_time() {
     let mut o = ServeOptions::new("ticketmelt");
     o.port = 0;
     o.max_frame_bytes = 1024;
-    o.body_timeout = Duration::from_secs(1);
+    o.request_timeout = Duration::from_secs(1);
     let h = spawn(&o).unwrap();
     let big = format!(r#"{{"message":"{}"}}"#, "x".repeat(4096));
     let (code, v) = post(&h, "/step", &big);
@@ -1337,6 +1337,56 @@ fn http_bodies_are_bounded_in_size_and_time() {
     assert!(reply.starts_with("HTTP/1.1 408"), "{reply}");
     assert!(reply.contains("\"detail\""), "{reply}");
     assert!(t0.elapsed() < Duration::from_secs(10), "{:?}", t0.elapsed());
+    assert_eq!(health(&h), json!({"status": "healthy"}));
+}
+
+/// Issue #54, item 10: connections that send half a request header (slowloris) are
+/// closed once the request timeout passes, while a WebSocket session opened before
+/// them and quiet for as long plays on, and the server still answers.
+#[test]
+fn half_sent_headers_are_closed_after_the_request_timeout() {
+    use std::io::{Read, Write};
+    let mut o = ServeOptions::new("ticketmelt");
+    o.port = 0;
+    o.request_timeout = Duration::from_secs(1);
+    let h = spawn(&o).unwrap();
+    let mut ws = connect(&h);
+    assert_eq!(
+        send(&mut ws, r#"{"type":"reset","data":{"seed":3}}"#)["type"],
+        "observation"
+    );
+    let mut slow: Vec<TcpStream> = (0..20)
+        .map(|_| {
+            let mut tcp = TcpStream::connect(h.addr).unwrap();
+            tcp.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+            tcp.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+                .unwrap();
+            tcp
+        })
+        .collect();
+    let idle = TcpStream::connect(h.addr).unwrap(); // sends nothing at all
+    idle.set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    slow.push(idle);
+    let t0 = std::time::Instant::now();
+    for tcp in &mut slow {
+        let mut buf = [0u8; 256];
+        // closed: end of stream (or a reset), and no answer to the half request
+        match tcp.read(&mut buf) {
+            Ok(n) => assert_eq!(n, 0, "{}", String::from_utf8_lossy(&buf[..n])),
+            Err(e) => assert_ne!(e.kind(), std::io::ErrorKind::WouldBlock, "still open"),
+        }
+    }
+    let waited = t0.elapsed();
+    assert!(waited < Duration::from_secs(10), "{waited:?}");
+    let v = send(
+        &mut ws,
+        &format!(
+            r#"{{"type":"step","data":{{"message":{}}}}}"#,
+            json!(text(3, 0))
+        ),
+    );
+    assert_eq!(v["type"], "observation", "{v}");
     assert_eq!(health(&h), json!({"status": "healthy"}));
 }
 

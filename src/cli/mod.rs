@@ -163,6 +163,16 @@ pub(crate) fn seconds(s: &str) -> Result<f64, String> {
     Ok(v)
 }
 
+/// A timeout that must run out some time: seconds in (0, a day].
+pub(crate) fn timeout_seconds(s: &str) -> Result<f64, String> {
+    let v = seconds(s)?;
+    if v > 0.0 {
+        Ok(v)
+    } else {
+        Err("must be a number of seconds > 0".into())
+    }
+}
+
 /// An integer in `lo..=hi`: counts that size allocations or loops (a rank, rows,
 /// tokens, iterations), whose extreme values overflowed or ran for days.
 fn bounded(s: &str, lo: usize, hi: usize) -> Result<usize, String> {

@@ -17,9 +17,14 @@ pub struct ServeArgs {
     /// Concurrent WebSocket sessions; more are refused with CAPACITY_REACHED (>= 1).
     #[arg(long, default_value_t = 64, value_parser = super::sessions)]
     pub max_sessions: usize,
-    /// Close a session after this many seconds without a frame (0: never; at most a day).
+    /// Close a session after this many seconds without a frame (0: never; at most a
+    /// day). A session made over MCP and never used goes after 30 s (or this, if less).
     #[arg(long, default_value_t = 300.0, value_parser = super::seconds)]
     pub session_timeout: f64,
+    /// Seconds a client may take to send an HTTP request's header (then the connection
+    /// is closed) and then its body (then 408). At most a day.
+    #[arg(long, default_value_t = 30.0, value_parser = super::timeout_seconds)]
+    pub request_timeout: f64,
     /// Largest WebSocket frame accepted, in bytes; a larger one ends its session.
     #[arg(long, default_value_t = 1 << 20, value_parser = super::positive)]
     pub max_frame_bytes: usize,
@@ -39,6 +44,7 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
     o.max_sessions = a.max_sessions;
     o.session_timeout = Some(Duration::from_secs_f64(a.session_timeout)).filter(|d| !d.is_zero());
     o.max_frame_bytes = a.max_frame_bytes;
+    o.request_timeout = Duration::from_secs_f64(a.request_timeout);
     concord_serve::run(&o, |addr| {
         // stdout carries only this line: scripts read the port from it
         crate::say!("listening on http://{addr} (WebSocket ws://{addr}/ws)");

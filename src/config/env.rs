@@ -59,6 +59,17 @@ pub struct EnvConfig {
     /// each decision.
     #[serde(default, skip_serializing_if = "ContinueWith::is_scripted")]
     pub continue_with: ContinueWith,
+    /// Decision mode: who plays each episode up to its drawn decision (the roll-in).
+    /// `scripted` (default): the continuation policy, so decisions fall in the states
+    /// a scripted player reaches; `model`: the model being trained, sampled as in
+    /// training, so GRPO trains on the states the model itself reaches, the ones
+    /// `concord eval` plays it in (on-policy states, as DAgger and LOLS roll in). The
+    /// decision falls at a step drawn uniformly in the model's own episode. It costs
+    /// the sampling of one episode per prompt; `contested` draws with the scripted
+    /// roll-in and is refused with it. An OpenEnv server (`url`) is always rolled in
+    /// by the model.
+    #[serde(default, skip_serializing_if = "ContinueWith::is_scripted")]
+    pub roll_in: ContinueWith,
     /// Decision mode: draw only decisions at which the seat's legal actions, each
     /// finished by the continuation policy, differ in reward by more than
     /// `contested_margin`; a tied decision is replaced by another drawn from a derived
@@ -116,11 +127,12 @@ fn is_default_draws(n: &usize) -> bool {
 }
 
 documented! {
-/// Who finishes a decision's episode (`[env] continue_with`).
+/// Who plays part of a decision's episode: after it (`[env] continue_with`), or up to
+/// it (`[env] roll_in`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "lowercase")]
 pub enum ContinueWith {
-    /// The environment's continuation policy (deterministic, cheap).
+    /// The environment's scripted continuation policy (deterministic, cheap).
     #[default]
     Scripted,
     /// The model being trained.
@@ -169,6 +181,7 @@ impl EnvConfig {
             shaped_rewards: false,
             max_turn_tokens: 0,
             continue_with: ContinueWith::Scripted,
+            roll_in: ContinueWith::Scripted,
             contested: false,
             contested_margin: 0.0,
             contested_draws: DEFAULT_CONTESTED_DRAWS,
@@ -292,6 +305,14 @@ impl EnvConfig {
         }
         if self.contested_draws == 0 {
             return Err(err("contested_draws", "must be at least 1"));
+        }
+        if self.contested && !self.roll_in.is_scripted() && self.url.is_none() {
+            return Err(err(
+                "roll_in",
+                "contested decisions are drawn from the scripted roll-in (each draw \
+                 plays the continuation policy to a decision and tries every action): \
+                 drop one of the two",
+            ));
         }
         for (key, set) in [
             ("contested", self.contested),

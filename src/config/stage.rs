@@ -322,6 +322,7 @@ pub fn resolve_config(cfg: &Config, s: &StageSpec) -> Result<Config> {
     if mode == EnvMode::Episode {
         // `[env] continue_with` serves the run's decision stages.
         env.continue_with = ContinueWith::Scripted;
+        env.roll_in = ContinueWith::Scripted;
     }
     if mode == EnvMode::Decision {
         // `[env]`'s episode-only keys serve the run's episode stages.

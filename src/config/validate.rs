@@ -47,12 +47,18 @@ impl Config {
             return Ok(());
         };
         let any_stage = |mode: EnvMode| self.stages.iter().any(|s| s.mode == Some(mode));
-        if env.is_episode() && !env.continue_with.is_scripted() && !any_stage(EnvMode::Decision) {
-            return Err(ValidationError::at(
-                "env",
-                "continue_with",
-                "applies to mode = \"decision\" only (an episode is played by the model already)",
-            ));
+        for (key, model) in [
+            ("continue_with", !env.continue_with.is_scripted()),
+            ("roll_in", !env.roll_in.is_scripted()),
+        ] {
+            if env.is_episode() && model && !any_stage(EnvMode::Decision) {
+                return Err(ValidationError::at(
+                    "env",
+                    key,
+                    "applies to mode = \"decision\" only (an episode is played by the model \
+                     already)",
+                ));
+            }
         }
         if env.enumerate_actions && self.grpo.importance_sampling_correction {
             return Err(ValidationError::at(

@@ -134,8 +134,8 @@ fn draw(
     gather(dist, before, local, rest)
 }
 
-/// Where the task has no scripted policy (a remote server), the model plays each
-/// prompt's episode to draw its decision ([`Task::play_to_decisions`]); prompt `p` of
+/// Where the task has no scripted policy (a remote server) or rolls in with the model
+/// (`[env] roll_in`), the model plays each prompt's episode to draw its decision ([`Task::play_to_decisions`]); prompt `p` of
 /// the draw (`first` is `prompts[0]`'s index) samples from episode `p`'s streams of
 /// a seed of its own.
 fn play_to_decisions(

@@ -54,8 +54,8 @@ fn detail(status: StatusCode, msg: String) -> Response {
 /// 408 and frees its connection instead of holding it forever.
 async fn read_body(app: &App, body: Body) -> Result<Bytes, Response> {
     let limit = app.max_frame_bytes;
-    let secs = app.body_timeout.as_secs_f64();
-    match tokio::time::timeout(app.body_timeout, axum::body::to_bytes(body, limit)).await {
+    let secs = app.request_timeout.as_secs_f64();
+    match tokio::time::timeout(app.request_timeout, axum::body::to_bytes(body, limit)).await {
         Ok(Ok(b)) => Ok(b),
         Err(_) => Err(detail(
             StatusCode::REQUEST_TIMEOUT,

@@ -53,8 +53,9 @@ pub struct ServeOptions {
     /// Largest WebSocket frame accepted; a larger one ends its session. It also
     /// bounds HTTP request bodies (413).
     pub max_frame_bytes: usize,
-    /// How long an HTTP request body may take to arrive (408 after that).
-    pub body_timeout: Duration,
+    /// How long an HTTP request's header may take to arrive (the connection is closed
+    /// after that), and then its body (408).
+    pub request_timeout: Duration,
 }
 
 impl ServeOptions {
@@ -67,7 +68,7 @@ impl ServeOptions {
             max_sessions: 64,
             session_timeout: Some(Duration::from_secs(300)),
             max_frame_bytes: 1 << 20,
-            body_timeout: Duration::from_secs(30),
+            request_timeout: Duration::from_secs(30),
         }
     }
 }
@@ -84,7 +85,7 @@ pub struct Shared {
     pub max_sessions: usize,
     pub idle: Option<Duration>,
     pub max_frame_bytes: usize,
-    pub body_timeout: Duration,
+    pub request_timeout: Duration,
     /// The one HTTP session (see [`http`]).
     pub http: Mutex<session::Session>,
     /// Sessions made by `openenv/session/create` (see [`registry`]).
@@ -220,7 +221,7 @@ async fn bind(opts: &ServeOptions) -> Result<(tokio::net::TcpListener, App, watc
         max_sessions: opts.max_sessions,
         idle: opts.session_timeout.filter(|d| !d.is_zero()),
         max_frame_bytes: opts.max_frame_bytes,
-        body_timeout: opts.body_timeout,
+        request_timeout: opts.request_timeout,
         shutdown: stop_rx,
         sessions: AtomicU64::new(0),
     }));
@@ -236,14 +237,30 @@ async fn serve(
     let addr = listener.local_addr()?;
     tracing::info!(%addr, env = app.factory.name(), max_sessions = app.max_sessions, "listening");
     let router = http::router(app.clone());
-    axum::serve(listener, router)
-        .with_graceful_shutdown(async move {
-            stop.await;
-            tracing::info!("shutting down: closing sessions");
-            let _ = stop_tx.send(true);
-        })
-        .await
-        .context("serving")?;
+    let mut stop = std::pin::pin!(stop);
+    let mut conns = tokio::task::JoinSet::new();
+    loop {
+        let accepted = tokio::select! {
+            a = listener.accept() => a,
+            _ = &mut stop => break,
+        };
+        match accepted {
+            Ok((io, _)) => {
+                conns.spawn(connection(io, router.clone(), app.clone()));
+            }
+            Err(e) => {
+                // out of file descriptors, say: the connections already open go on
+                tracing::warn!(error = %e, "accept failed");
+                tokio::time::sleep(ACCEPT_BACKOFF).await;
+            }
+        }
+        while conns.try_join_next().is_some() {}
+    }
+    tracing::info!("shutting down: closing sessions");
+    let _ = stop_tx.send(true);
+    drop(listener);
+    // connections finish the request they serve; a client that never does is left
+    let _ = tokio::time::timeout(DRAIN, async { while conns.join_next().await.is_some() {} }).await;
     app.registry.close_all();
     // Upgraded WebSocket connections outlive axum's graceful shutdown: wait for the
     // sessions (told "going away") to hand their slots back.
@@ -251,6 +268,44 @@ async fn serve(
     let drained = tokio::time::timeout(DRAIN, app.slots.acquire_many(all)).await;
     tracing::info!(drained = drained.is_ok(), "stopped");
     Ok(())
+}
+
+/// Pause after a failed accept (out of file descriptors, say) before the next.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
+
+/// One HTTP/1 connection (and the WebSocket it may upgrade to). axum's own `serve`
+/// sets no timer, so a client that sends half a header would hold its connection
+/// forever (slowloris); here the header must arrive within the request timeout. When
+/// the server stops, the connection ends after the request it is serving.
+async fn connection(io: tokio::net::TcpStream, router: axum::Router, app: App) {
+    let service = hyper_util::service::TowerToHyperService::new(router);
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder
+        .timer(hyper_util::rt::TokioTimer::new())
+        .header_read_timeout(app.request_timeout);
+    let conn = builder
+        .serve_connection(hyper_util::rt::TokioIo::new(io), service)
+        .with_upgrades();
+    let mut conn = std::pin::pin!(conn);
+    let mut shutdown = app.shutdown.clone();
+    let stopping = async move {
+        let _ = shutdown.wait_for(|stop| *stop).await;
+    };
+    tokio::select! {
+        r = conn.as_mut() => return log_connection_end(r),
+        _ = stopping => conn.as_mut().graceful_shutdown(),
+    }
+    log_connection_end(conn.await);
+}
+
+fn log_connection_end(r: std::result::Result<(), hyper::Error>) {
+    match r {
+        Err(e) if e.is_timeout() => {
+            tracing::info!("a client did not send its request header in time: connection closed")
+        }
+        Err(e) => tracing::debug!(error = %e, "connection ended"),
+        Ok(()) => {}
+    }
 }
 
 /// SIGINT (Ctrl-C) or SIGTERM.

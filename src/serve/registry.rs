@@ -6,7 +6,10 @@
 //!
 //! A registered session holds one of the `--max-sessions` slots from create to close
 //! (a WebSocket attached to it takes none of its own). One not attached and idle past
-//! `--session-timeout` is dropped at the next `/mcp` request. A close while a
+//! `--session-timeout` is dropped at the next `/mcp` request, and so is one never used
+//! (no tool call, no WebSocket) within [`UNUSED_GRACE`] of its creation: a client that
+//! only creates sessions cannot hold every slot for a whole session timeout. (No
+//! per-client cap: a trainer opens all its sessions from one address.) A close while a
 //! WebSocket is attached is deferred to its detach, as openenv does.
 use super::session::Session;
 use std::collections::HashMap;
@@ -16,9 +19,16 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 pub type SessionRef = Arc<Mutex<Session>>;
 
+/// How long a created session may wait for its first use (or the session timeout, if
+/// shorter). openenv's client attaches its WebSocket right after the create.
+pub const UNUSED_GRACE: Duration = Duration::from_secs(30);
+
 struct Entry {
     session: SessionRef,
     attached: bool,
+    /// A tool call or a WebSocket has reached it.
+    used: bool,
+    created: Instant,
     pending_close: bool,
     last_active: Instant,
     _slot: OwnedSemaphorePermit,
@@ -55,6 +65,8 @@ impl Registry {
         let entry = Entry {
             session: Arc::new(Mutex::new(session)),
             attached: false,
+            used: false,
+            created: Instant::now(),
             pending_close: false,
             last_active: Instant::now(),
             _slot: slot,
@@ -68,6 +80,7 @@ impl Registry {
         let mut entries = self.entries();
         let e = entries.get_mut(id)?;
         e.last_active = Instant::now();
+        e.used = true;
         Some(e.session.clone())
     }
 
@@ -92,6 +105,7 @@ impl Registry {
             return Err(format!("Session {id} already has an attached WebSocket"));
         }
         e.attached = true;
+        e.used = true;
         e.last_active = Instant::now();
         Ok(e.session.clone())
     }
@@ -109,12 +123,20 @@ impl Registry {
         }
     }
 
-    /// Drop sessions nobody has touched for `idle` (attached ones are the WebSocket's
-    /// to time out).
+    /// Drop sessions nobody has touched for `idle`, and those never used within
+    /// [`UNUSED_GRACE`] (or `idle`, if shorter) of their creation; attached ones are the
+    /// WebSocket's to time out.
     pub fn reap(&self, idle: Option<Duration>) {
+        self.reap_with(idle, UNUSED_GRACE);
+    }
+
+    fn reap_with(&self, idle: Option<Duration>, unused: Duration) {
         let Some(idle) = idle else { return };
-        self.entries()
-            .retain(|_, e| e.attached || e.last_active.elapsed() <= idle);
+        let grace = idle.min(unused);
+        self.entries().retain(|_, e| {
+            e.attached
+                || (e.last_active.elapsed() <= idle && (e.used || e.created.elapsed() <= grace))
+        });
     }
 
     /// How long since `id` was last used (None: unknown).
@@ -190,5 +212,29 @@ mod tests {
         assert_eq!(slots.available_permits(), 3, "b is attached");
         r.detach(&b);
         assert_eq!(slots.available_permits(), 4);
+    }
+
+    #[test]
+    fn a_session_never_used_goes_after_the_grace_and_a_used_one_stays() {
+        let slots = Arc::new(Semaphore::new(4));
+        let r = Registry::default();
+        let day = Some(Duration::from_secs(86_400));
+        let [unused, called, attached] = [0; 3].map(|_| r.create(session(), &slots).unwrap());
+        assert!(r.get(&called).is_some());
+        r.attach(&attached).unwrap();
+        r.detach(&attached);
+        std::thread::sleep(Duration::from_millis(20));
+        r.reap_with(day, Duration::from_secs(1));
+        assert_eq!(r.len(), 3, "within the grace");
+        r.reap_with(day, Duration::from_millis(10));
+        assert!(r.idle_for(&unused).is_none());
+        assert!(r.idle_for(&called).is_some() && r.idle_for(&attached).is_some());
+        assert_eq!(
+            slots.available_permits(),
+            2,
+            "the unused session's slot is back"
+        );
+        r.reap_with(None, Duration::ZERO);
+        assert_eq!(r.len(), 2, "no session timeout: nothing is reaped");
     }
 }
