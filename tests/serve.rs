@@ -12,6 +12,58 @@ use tungstenite::{Message, WebSocket};
 
 type Ws = WebSocket<MaybeTlsStream<TcpStream>>;
 
+/// A server the helpers reach: one in this process, or a `concord serve` process.
+trait At {
+    fn at(&self) -> std::net::SocketAddr;
+}
+
+impl At for Handle {
+    fn at(&self) -> std::net::SocketAddr {
+        self.addr
+    }
+}
+
+/// `concord serve ticketmelt --port 0 ARGS` as a process, killed when dropped.
+struct Served {
+    child: std::process::Child,
+    addr: std::net::SocketAddr,
+}
+
+impl At for Served {
+    fn at(&self) -> std::net::SocketAddr {
+        self.addr
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn serve_process(args: &[&str]) -> Served {
+    use std::io::BufRead;
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_concord"))
+        .args(["serve", "ticketmelt", "--port", "0"])
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let addr = line
+        .split("http://")
+        .nth(1)
+        .and_then(|r| r.split_whitespace().next())
+        .and_then(|a| a.parse().ok())
+        .unwrap_or_else(|| panic!("{line}"));
+    Served { child, addr }
+}
+
 fn server(max_sessions: usize, timeout: Option<Duration>) -> Handle {
     let mut o = ServeOptions::new("ticketmelt");
     o.port = 0;
@@ -21,8 +73,8 @@ fn server(max_sessions: usize, timeout: Option<Duration>) -> Handle {
     spawn(&o).unwrap()
 }
 
-fn connect(h: &Handle) -> Ws {
-    let (ws, _) = tungstenite::connect(format!("ws://{}/ws", h.addr)).unwrap();
+fn connect(h: &impl At) -> Ws {
+    let (ws, _) = tungstenite::connect(format!("ws://{}/ws", h.at())).unwrap();
     ws
 }
 
@@ -292,11 +344,11 @@ fn sixty_four_concurrent_sessions_are_independent_and_seeded() {
     }
 }
 
-fn url(h: &Handle, path: &str) -> String {
-    format!("http://{}{path}", h.addr)
+fn url(h: &impl At, path: &str) -> String {
+    format!("http://{}{path}", h.at())
 }
 
-fn health(h: &Handle) -> Value {
+fn health(h: &impl At) -> Value {
     ureq::get(&url(h, "/health"))
         .call()
         .unwrap()
@@ -305,7 +357,7 @@ fn health(h: &Handle) -> Value {
 }
 
 /// (status, body) of a POST.
-fn post(h: &Handle, path: &str, body: &str) -> (u16, Value) {
+fn post(h: &impl At, path: &str, body: &str) -> (u16, Value) {
     let r = ureq::post(&url(h, path))
         .set("content-type", "application/json")
         .send_string(body);
@@ -432,7 +484,7 @@ fn mcp_tools_over_http_and_websocket() {
 }
 
 /// One JSON-RPC call to `POST /mcp`: its `result`, or its `error`.
-fn rpc(h: &Handle, id: u64, method: &str, params: Value) -> Result<Value, Value> {
+fn rpc(h: &impl At, id: u64, method: &str, params: Value) -> Result<Value, Value> {
     let body = json!({"jsonrpc": "2.0", "method": method, "params": params, "id": id});
     let (code, r) = post(h, "/mcp", &body.to_string());
     assert_eq!(
@@ -446,8 +498,8 @@ fn rpc(h: &Handle, id: u64, method: &str, params: Value) -> Result<Value, Value>
     }
 }
 
-fn connect_to(h: &Handle, session_id: &str) -> Ws {
-    let u = format!("ws://{}/ws?session_id={session_id}", h.addr);
+fn connect_to(h: &impl At, session_id: &str) -> Ws {
+    let u = format!("ws://{}/ws?session_id={session_id}", h.at());
     tungstenite::connect(u).unwrap().0
 }
 
@@ -1346,10 +1398,7 @@ fn http_bodies_are_bounded_in_size_and_time() {
 #[test]
 fn half_sent_headers_are_closed_after_the_request_timeout() {
     use std::io::{Read, Write};
-    let mut o = ServeOptions::new("ticketmelt");
-    o.port = 0;
-    o.request_timeout = Duration::from_secs(1);
-    let h = spawn(&o).unwrap();
+    let h = serve_process(&["--request-timeout", "1"]);
     let mut ws = connect(&h);
     assert_eq!(
         send(&mut ws, r#"{"type":"reset","data":{"seed":3}}"#)["type"],
@@ -1357,14 +1406,14 @@ fn half_sent_headers_are_closed_after_the_request_timeout() {
     );
     let mut slow: Vec<TcpStream> = (0..20)
         .map(|_| {
-            let mut tcp = TcpStream::connect(h.addr).unwrap();
+            let mut tcp = TcpStream::connect(h.at()).unwrap();
             tcp.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
             tcp.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Slow: ")
                 .unwrap();
             tcp
         })
         .collect();
-    let idle = TcpStream::connect(h.addr).unwrap(); // sends nothing at all
+    let idle = TcpStream::connect(h.at()).unwrap(); // sends nothing at all
     idle.set_read_timeout(Some(Duration::from_secs(20)))
         .unwrap();
     slow.push(idle);
@@ -1388,6 +1437,43 @@ fn half_sent_headers_are_closed_after_the_request_timeout() {
     );
     assert_eq!(v["type"], "observation", "{v}");
     assert_eq!(health(&h), json!({"status": "healthy"}));
+}
+
+/// Issue #54, item 10: a client that only creates MCP sessions cannot hold every slot
+/// for the whole session timeout: a session never used goes 30 s after its create,
+/// while one a tool call has used stays.
+#[test]
+fn mcp_sessions_never_used_free_their_slots() {
+    let h = serve_process(&["--max-sessions", "3"]);
+    let ids: Vec<String> = (0..3)
+        .map(|i| {
+            let r = rpc(&h, i, "openenv/session/create", json!({})).unwrap();
+            r["session_id"].as_str().unwrap().to_string()
+        })
+        .collect();
+    let full = rpc(&h, 3, "openenv/session/create", json!({})).unwrap_err();
+    assert!(
+        full["message"].as_str().unwrap().contains("capacity"),
+        "{full}"
+    );
+    let used = json!({"session_id": ids[0]});
+    rpc(&h, 4, "tools/list", used.clone()).unwrap();
+    std::thread::sleep(Duration::from_secs(20));
+    rpc(&h, 5, "tools/list", used.clone()).unwrap();
+    std::thread::sleep(Duration::from_secs(11));
+    // 31 s after their create, the two unused sessions are gone
+    for i in 6..8 {
+        rpc(&h, i, "openenv/session/create", json!({})).unwrap();
+    }
+    rpc(&h, 8, "tools/list", used).unwrap();
+    let gone = rpc(&h, 9, "tools/list", json!({"session_id": ids[1]})).unwrap_err();
+    assert!(
+        gone["message"]
+            .as_str()
+            .unwrap()
+            .contains("Unknown session_id"),
+        "{gone}"
+    );
 }
 
 #[test]
