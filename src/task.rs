@@ -306,9 +306,15 @@ impl Task for EnvTask {
         if seeds.is_empty() {
             return Ok(());
         }
-        let decisions = envs::sample_decisions_with(self.factory.as_ref(), &seeds, policy)?;
-        for (i, d) in undrawn.into_iter().zip(decisions) {
+        let decisions = envs::rollout::sample_decisions_contested_with(
+            self.factory.as_ref(),
+            &seeds,
+            policy,
+            self.contest,
+        )?;
+        for (i, (d, contest)) in undrawn.into_iter().zip(decisions) {
             prompts[i] = render_decision(d, renderer)?;
+            prompts[i].contest = contest;
         }
         Ok(())
     }

@@ -6,7 +6,8 @@
 //! `[env] roll_in = "model"`: the model also plays each episode up to its decision.
 use concord::config::Config;
 use concord::envs::rollout::{Continuation, EachTurn};
-use concord::envs::Environment;
+use concord::envs::contest::action_spread;
+use concord::envs::{Contest, ContestRule, Environment};
 use concord::envs::{
     create, sample_decision, score_decision, score_decisions_with, Decision, EnvFactory, Options,
 };
@@ -212,10 +213,22 @@ fn left(d: &Decision) -> u32 {
     n.parse().unwrap_or_else(|_| panic!("no count in {text}"))
 }
 
+/// `d`'s seat at the start of its episode.
+fn decision_at_start(start: Box<dyn Environment>, d: &Decision) -> Decision {
+    Decision {
+        messages: start.observation(d.seat),
+        env: start,
+        seat: d.seat,
+        seed: d.seed,
+        step: 0,
+    }
+}
+
 /// `[env] roll_in = "model"`: the policy plays each episode to its decision. A policy
 /// that always monitors never deploys, so every decision it rolls in to finds the seat
 /// with all its fix rounds left; the scripted roll-in deploys, and its later decisions
-/// find fewer. The same prompts are drawn again with the same seed.
+/// find fewer. The same prompts are drawn again with the same seed. With `contested`, a
+/// tied decision is replaced by a contested step of the same episode.
 #[test]
 fn rolled_in_by_the_model_decisions_fall_where_the_model_plays() {
     let mut opts = Options::new();
@@ -226,7 +239,7 @@ fn rolled_in_by_the_model_decisions_fall_where_the_model_plays() {
         .unwrap();
     let renderer = concord::model::tokenizer::Tokenizer::from_dir(dir.path()).unwrap();
     let model = concord::config::ContinueWith::Model;
-    let draw = |task: &mut EnvTask| -> Vec<Decision> {
+    let draw_contests = |task: &mut EnvTask| -> Vec<(Decision, Option<Contest>)> {
         let mut prompts = task.prompts(3, 16, &renderer).unwrap();
         let mut monitor =
             EachTurn(|_: &mut dyn Environment, _| Ok(r#"{"commitment": "MONITOR"}"#.to_string()));
@@ -238,9 +251,12 @@ fn rolled_in_by_the_model_decisions_fall_where_the_model_plays() {
                 assert!(p.is_drawn() && !p.ids.is_empty());
                 let d = p.state.downcast_ref::<Decision>().unwrap();
                 assert!(p.text.contains(&d.messages.last().unwrap().content));
-                d.clone()
+                (d.clone(), p.contest)
             })
             .collect()
+    };
+    let draw = |task: &mut EnvTask| -> Vec<Decision> {
+        draw_contests(task).into_iter().map(|(d, _)| d).collect()
     };
     let mut rolled = EnvTask::new("ticketmelt", &opts)
         .unwrap()
@@ -254,14 +270,7 @@ fn rolled_in_by_the_model_decisions_fall_where_the_model_plays() {
     let later = by_model.iter().filter(|d| d.step > 0).count();
     assert!(later >= 8, "{later} of 16 decisions after the first round");
     for d in &by_model {
-        let start = f.reset(d.seed);
-        let at_start = Decision {
-            messages: start.observation(d.seat),
-            env: start,
-            seat: d.seat,
-            seed: d.seed,
-            step: 0,
-        };
+        let at_start = decision_at_start(f.reset(d.seed), d);
         assert_eq!(left(d), left(&at_start), "seed {} step {}", d.seed, d.step);
     }
     let again = draw(
@@ -272,6 +281,33 @@ fn rolled_in_by_the_model_decisions_fall_where_the_model_plays() {
     for (a, b) in by_model.iter().zip(&again) {
         assert_eq!((a.seed, a.step, &a.messages), (b.seed, b.step, &b.messages));
     }
+    // contested: a step of the same episode where the commitment matters, if one of 8
+    let rule = ContestRule {
+        margin: 0.0,
+        draws: 8,
+    };
+    let mut contested = EnvTask::new("ticketmelt", &opts)
+        .unwrap()
+        .rolled_in_by(model)
+        .contested(Some(rule))
+        .unwrap();
+    let mut redrawn = 0;
+    for ((d, c), plain) in draw_contests(&mut contested).iter().zip(&by_model) {
+        let c = c.expect("a contest record");
+        assert_eq!(d.seed, plain.seed);
+        assert_eq!(c.spread, action_spread(d).unwrap());
+        assert_eq!(c.contested, c.spread > 0.0, "{c:?}");
+        assert!(c.contested || c.draws == 8, "{c:?}");
+        let reset = f.reset(d.seed);
+        assert_eq!(left(d), left(&decision_at_start(reset, d)), "seed {}", d.seed);
+        if c.draws == 1 {
+            assert_eq!((d.step, &d.messages), (plain.step, &plain.messages));
+        } else {
+            assert_eq!(action_spread(plain), Some(0.0), "seed {}", d.seed);
+            redrawn += 1;
+        }
+    }
+    assert!(redrawn >= 2, "{redrawn} tied decisions redrawn");
     // the scripted roll-in (the default) draws from the same seeds, and has deployed
     let scripted = draw(&mut EnvTask::new("ticketmelt", &opts).unwrap());
     let progressed = scripted
@@ -297,13 +333,11 @@ fn roll_in_is_checked() {
     assert!(!toml::to_string(&parse("").unwrap())
         .unwrap()
         .contains("roll_in"));
-    for (extra, says) in [
-        ("mode = \"episode\"\nroll_in = \"model\"\n", "decision"),
-        ("contested = true\nroll_in = \"model\"\n", "contested"),
-    ] {
-        let e = parse(extra).unwrap_err().to_string();
-        assert!(e.contains("env.roll_in") && e.contains(says), "{e}");
-    }
+    let e = parse("mode = \"episode\"\nroll_in = \"model\"\n")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("env.roll_in") && e.contains("decision"), "{e}");
+    assert!(parse("contested = true\nroll_in = \"model\"\n").is_ok());
 }
 
 /// A GRPO run rolled in and continued by the tiny model: the same seed writes the same

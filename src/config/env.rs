@@ -64,16 +64,17 @@ pub struct EnvConfig {
     /// a scripted player reaches; `model`: the model being trained, sampled as in
     /// training, so GRPO trains on the states the model itself reaches, the ones
     /// `concord eval` plays it in (on-policy states, as DAgger and LOLS roll in). The
-    /// decision falls at a step drawn uniformly in the model's own episode. It costs
-    /// the sampling of one episode per prompt; `contested` draws with the scripted
-    /// roll-in and is refused with it. An OpenEnv server (`url`) is always rolled in
-    /// by the model.
+    /// decision falls at a step drawn uniformly in the model's own episode (with
+    /// `contested`: the first contested one of up to `contested_draws` of its steps).
+    /// It costs the sampling of one episode per prompt. An OpenEnv server (`url`) is
+    /// always rolled in by the model.
     #[serde(default, skip_serializing_if = "ContinueWith::is_scripted")]
     pub roll_in: ContinueWith,
     /// Decision mode: draw only decisions at which the seat's legal actions, each
     /// finished by the continuation policy, differ in reward by more than
     /// `contested_margin`; a tied decision is replaced by another drawn from a derived
-    /// seed, at most `contested_draws` draws in all, the last kept. Judged with the
+    /// seed, at most `contested_draws` draws in all, the last kept (with `roll_in =
+    /// "model"`, another step of the same model-played episode). Judged with the
     /// scripted continuation and the scalar reward; the log gets `decisions/draws`,
     /// `decisions/contested_frac` and `decisions/action_spread`. Built-in `merge_ring`
     /// and `ticketmelt`.
@@ -305,14 +306,6 @@ impl EnvConfig {
         }
         if self.contested_draws == 0 {
             return Err(err("contested_draws", "must be at least 1"));
-        }
-        if self.contested && !self.roll_in.is_scripted() && self.url.is_none() {
-            return Err(err(
-                "roll_in",
-                "contested decisions are drawn from the scripted roll-in (each draw \
-                 plays the continuation policy to a decision and tries every action): \
-                 drop one of the two",
-            ));
         }
         for (key, set) in [
             ("contested", self.contested),

@@ -53,7 +53,7 @@ pub fn action_spread(d: &Decision) -> Option<f64> {
 
 /// The seed of draw `k` (0-based) for a prompt seeded `seed`: the first draw is the
 /// plain decision's, so `contested` changes only the prompts that tie.
-fn draw_seed(seed: u64, k: usize) -> u64 {
+pub(super) fn draw_seed(seed: u64, k: usize) -> u64 {
     if k == 0 {
         seed
     } else {
@@ -67,15 +67,25 @@ pub fn sample_contested(
     seed: u64,
     rule: ContestRule,
 ) -> Result<(Decision, Contest)> {
+    first_contested(|s| Ok(sample_decision(factory, s)), seed, rule)
+}
+
+/// The first contested decision of `draw(draw_seed(seed, k))` for `k` in
+/// `0..rule.draws`, or the last one drawn when none is.
+pub(super) fn first_contested(
+    mut draw: impl FnMut(u64) -> Result<Decision>,
+    seed: u64,
+    rule: ContestRule,
+) -> Result<(Decision, Contest)> {
     let draws = rule.draws.max(1);
     let mut last = None;
     for k in 0..draws {
-        let d = sample_decision(factory, draw_seed(seed, k));
+        let d = draw(draw_seed(seed, k))?;
         let Some(spread) = action_spread(&d) else {
             bail!(
                 "[env] contested: `{}` cannot list a seat's legal actions at a decision \
                  (contested decisions are available for merge_ring and ticketmelt)",
-                factory.name()
+                d.env.name()
             );
         };
         let contested = spread > rule.margin;

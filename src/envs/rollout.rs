@@ -197,16 +197,32 @@ pub fn sample_decision(factory: &dyn EnvFactory, seed: u64) -> Decision {
     decide_or_start(env, start, seed, steps, pick).unwrap_or_else(|e| match e {})
 }
 
-/// Decisions for an environment with no scripted policy (a remote server), as
-/// [`sample_decision`] draws them with `policy` in the continuation policy's place:
-/// `policy` plays each seed's episode to its end (all side by side, in one [`play`]),
-/// which gives its length L; the decision is the state after the first `k` of those
-/// steps, `k` uniform in `0..L`, rebuilt by replaying them on a fresh reset.
+/// Decisions for an environment with no scripted policy (a remote server), or rolled
+/// in by the model (`[env] roll_in`), as [`sample_decision`] draws them with `policy` in
+/// the continuation policy's place: `policy` plays each seed's episode to its end (all
+/// side by side, in one [`play`]), which gives its length L; the decision is the state
+/// after the first `k` of those steps, `k` uniform in `0..L`, rebuilt by replaying them
+/// on a fresh reset.
 pub fn sample_decisions_with(
     factory: &dyn EnvFactory,
     seeds: &[u64],
     policy: &mut dyn Policy,
 ) -> Result<Vec<Decision>> {
+    let drawn = sample_decisions_contested_with(factory, seeds, policy, None)?;
+    Ok(drawn.into_iter().map(|(d, _)| d).collect())
+}
+
+/// [`sample_decisions_with`], and under a contest rule the first contested decision of
+/// up to `rule.draws` steps of `policy`'s own episode: the drawn step first, then steps
+/// drawn from derived seeds ([`super::contest::draw_seed`]), each judged as
+/// [`super::contest::sample_contested`] judges a scripted draw. No more episodes are
+/// played: every candidate is a state the policy reached.
+pub fn sample_decisions_contested_with(
+    factory: &dyn EnvFactory,
+    seeds: &[u64],
+    policy: &mut dyn Policy,
+    rule: Option<super::ContestRule>,
+) -> Result<Vec<(Decision, Option<super::Contest>)>> {
     let mut probes = seeds
         .iter()
         .map(|&s| factory.try_reset(s))
@@ -214,23 +230,34 @@ pub fn sample_decisions_with(
     play_to_end(&mut probes, policy)?;
     let mut out = Vec::with_capacity(seeds.len());
     for (probe, &seed) in probes.into_iter().zip(seeds) {
-        let mut steps = transcript_steps(&probe.transcript())?;
+        let steps = transcript_steps(&probe.transcript())?;
         drop(probe); // a remote probe's session closes before the decision's opens
-        let (k, pick) = decision_point(seed, steps.len());
-        steps.truncate(k);
-        let mut env = factory.try_reset(seed)?;
-        for actions in &steps {
-            env.step(actions)?;
-        }
-        out.push(decide_or_start(
-            env,
-            || factory.try_reset(seed),
-            seed,
-            k,
-            pick,
-        )?);
+        let at = |draw_seed: u64| decision_at(factory, seed, &steps, draw_seed);
+        out.push(match rule {
+            None => (at(seed)?, None),
+            Some(rule) => {
+                let (d, c) = super::contest::first_contested(at, seed, rule)?;
+                (d, Some(c))
+            }
+        });
     }
     Ok(out)
+}
+
+/// The decision of episode `seed` that `draw_seed` picks among its played `steps`:
+/// the state after the first `k`, replayed on a fresh reset.
+fn decision_at(
+    factory: &dyn EnvFactory,
+    seed: u64,
+    steps: &[Vec<String>],
+    draw_seed: u64,
+) -> Result<Decision> {
+    let (k, pick) = decision_point(draw_seed, steps.len());
+    let mut env = factory.try_reset(seed)?;
+    for actions in &steps[..k] {
+        env.step(actions)?;
+    }
+    decide_or_start(env, || factory.try_reset(seed), seed, k, pick)
 }
 
 /// [`play`] owned episodes side by side until each is done.

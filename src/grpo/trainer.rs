@@ -284,10 +284,11 @@ impl Trainer {
             return e;
         }
         let s = self.session.state.step;
+        // a signal is the user's own stop: nothing to fix before resuming
+        let when = if lost.starts_with("a signal") { "" } else { " once it is fixed" };
         match self.save_checkpoint() {
             Ok(_) => e.context(format!(
-                "step {} stopped: {lost}; checkpoint-{s} written; resume with `{}` once \
-                 it is fixed",
+                "step {} stopped: {lost}; checkpoint-{s} written; resume with `{}`{when}",
                 s + 1,
                 crate::run::dir::resume_command("train", &self.session.run_dir)
             )),
