@@ -5,12 +5,12 @@
 //! wiring on the tiny model (determinism, a reward the scripted path cannot give).
 //! `[env] roll_in = "model"`: the model also plays each episode up to its decision.
 use concord::config::Config;
-use concord::envs::rollout::{Continuation, EachTurn};
 use concord::envs::contest::action_spread;
-use concord::envs::{Contest, ContestRule, Environment};
+use concord::envs::rollout::{Continuation, EachTurn};
 use concord::envs::{
     create, sample_decision, score_decision, score_decisions_with, Decision, EnvFactory, Options,
 };
+use concord::envs::{Contest, ContestRule, Environment};
 use concord::task::{EnvTask, Task};
 use std::path::Path;
 
@@ -299,7 +299,12 @@ fn rolled_in_by_the_model_decisions_fall_where_the_model_plays() {
         assert_eq!(c.contested, c.spread > 0.0, "{c:?}");
         assert!(c.contested || c.draws == 8, "{c:?}");
         let reset = f.reset(d.seed);
-        assert_eq!(left(d), left(&decision_at_start(reset, d)), "seed {}", d.seed);
+        assert_eq!(
+            left(d),
+            left(&decision_at_start(reset, d)),
+            "seed {}",
+            d.seed
+        );
         if c.draws == 1 {
             assert_eq!((d.step, &d.messages), (plain.step, &plain.messages));
         } else {

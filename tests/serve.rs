@@ -25,7 +25,7 @@ impl At for Handle {
 
 /// `concord serve ticketmelt --port 0 ARGS` as a process, killed when dropped.
 struct Served {
-    child: std::process::Child,
+    child: Option<std::process::Child>,
     addr: std::net::SocketAddr,
 }
 
@@ -37,18 +37,29 @@ impl At for Served {
 
 impl Drop for Served {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        if let Some(c) = self.child.as_mut() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
     }
 }
 
-fn serve_process(args: &[&str]) -> Served {
+impl Served {
+    /// The process, which the caller now stops.
+    fn take(mut self) -> std::process::Child {
+        self.child.take().unwrap()
+    }
+}
+
+/// `concord serve ticketmelt --port 0 ARGS`, once it listens; its stderr goes to
+/// `stderr` (a pipe nobody reads fills and stalls the server: pipe only what is read).
+fn serve_process(args: &[&str], stderr: std::process::Stdio) -> Served {
     use std::io::BufRead;
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_concord"))
         .args(["serve", "ticketmelt", "--port", "0"])
         .args(args)
         .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
+        .stderr(stderr)
         .spawn()
         .unwrap();
     let mut line = String::new();
@@ -61,7 +72,10 @@ fn serve_process(args: &[&str]) -> Served {
         .and_then(|r| r.split_whitespace().next())
         .and_then(|a| a.parse().ok())
         .unwrap_or_else(|| panic!("{line}"));
-    Served { child, addr }
+    Served {
+        child: Some(child),
+        addr,
+    }
 }
 
 fn server(max_sessions: usize, timeout: Option<Duration>) -> Handle {
@@ -1398,7 +1412,7 @@ fn http_bodies_are_bounded_in_size_and_time() {
 #[test]
 fn half_sent_headers_are_closed_after_the_request_timeout() {
     use std::io::{Read, Write};
-    let h = serve_process(&["--request-timeout", "1"]);
+    let h = serve_process(&["--request-timeout", "1"], std::process::Stdio::null());
     let mut ws = connect(&h);
     assert_eq!(
         send(&mut ws, r#"{"type":"reset","data":{"seed":3}}"#)["type"],
@@ -1444,7 +1458,7 @@ fn half_sent_headers_are_closed_after_the_request_timeout() {
 /// while one a tool call has used stays.
 #[test]
 fn mcp_sessions_never_used_free_their_slots() {
-    let h = serve_process(&["--max-sessions", "3"]);
+    let h = serve_process(&["--max-sessions", "3"], std::process::Stdio::null());
     let ids: Vec<String> = (0..3)
         .map(|i| {
             let r = rpc(&h, i, "openenv/session/create", json!({})).unwrap();
@@ -1478,23 +1492,9 @@ fn mcp_sessions_never_used_free_their_slots() {
 
 #[test]
 fn sigterm_closes_sessions_and_exits_cleanly() {
-    use std::io::BufRead;
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_concord"))
-        .args(["serve", "ticketmelt", "--port", "0"])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    std::io::BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let addr = line
-        .split("http://")
-        .nth(1)
-        .and_then(|r| r.split_whitespace().next())
-        .unwrap_or_else(|| panic!("{line}"))
-        .to_string();
+    let served = serve_process(&[], std::process::Stdio::piped());
+    let addr = served.addr;
+    let child = served.take();
     let (mut ws, _) = tungstenite::connect(format!("ws://{addr}/ws")).unwrap();
     send(&mut ws, r#"{"type":"reset","data":{"seed":1}}"#);
     let killed = std::process::Command::new("kill")

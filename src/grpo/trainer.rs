@@ -285,7 +285,11 @@ impl Trainer {
         }
         let s = self.session.state.step;
         // a signal is the user's own stop: nothing to fix before resuming
-        let when = if lost.starts_with("a signal") { "" } else { " once it is fixed" };
+        let when = if lost.starts_with("a signal") {
+            ""
+        } else {
+            " once it is fixed"
+        };
         match self.save_checkpoint() {
             Ok(_) => e.context(format!(
                 "step {} stopped: {lost}; checkpoint-{s} written; resume with `{}`{when}",
