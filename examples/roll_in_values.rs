@@ -26,7 +26,13 @@ fn main() -> anyhow::Result<()> {
         let (k, v) = kv
             .split_once('=')
             .ok_or_else(|| anyhow::anyhow!("options are KEY=VALUE, got `{kv}`"))?;
-        opts.insert(k.into(), toml::Value::from(v));
+        // a TOML value where it is one (`weights=[1,0,0,0]`), else the text
+        let value = format!("v = {v}")
+            .parse::<toml::Table>()
+            .ok()
+            .and_then(|mut t| t.remove("v"))
+            .unwrap_or_else(|| toml::Value::from(v));
+        opts.insert(k.into(), value);
     }
     let factory = envs::create(&name, &opts)?;
     let seeds: Vec<u64> = (0..DECISIONS).map(|i| training_seed(50_000 + i)).collect();
