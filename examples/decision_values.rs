@@ -27,17 +27,9 @@ const DECISIONS: u64 = 3000;
 fn main() -> anyhow::Result<()> {
     let mut args = std::env::args().skip(1);
     let name = args.next().unwrap_or_else(|| "merge_ring".into());
-    let mut opts = envs::Options::new();
-    for kv in args {
-        let (k, v) = kv
-            .split_once('=')
-            .ok_or_else(|| anyhow::anyhow!("options are KEY=VALUE, got `{kv}`"))?;
-        let value = v
-            .parse::<i64>()
-            .map(toml::Value::from)
-            .unwrap_or_else(|_| toml::Value::from(v));
-        opts.insert(k.into(), value);
-    }
+    // KEY=VALUE options, read as `concord envs ... --set` reads them
+    let sets: Vec<String> = args.collect();
+    let opts = envs::tools::options_from_flags(None, &sets)?;
     let factory = envs::create(&name, &opts)?;
     // situation -> (decisions, tied, per-action reward sums)
     let mut table: BTreeMap<&'static str, (usize, usize, Vec<f64>)> = BTreeMap::new();

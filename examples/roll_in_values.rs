@@ -21,19 +21,9 @@ const DECISIONS: u64 = 2000;
 fn main() -> anyhow::Result<()> {
     let mut args = std::env::args().skip(1);
     let name = args.next().unwrap_or_else(|| "ticketmelt".into());
-    let mut opts = envs::Options::new();
-    for kv in args {
-        let (k, v) = kv
-            .split_once('=')
-            .ok_or_else(|| anyhow::anyhow!("options are KEY=VALUE, got `{kv}`"))?;
-        // a TOML value where it is one (`weights=[1,0,0,0]`), else the text
-        let value = format!("v = {v}")
-            .parse::<toml::Table>()
-            .ok()
-            .and_then(|mut t| t.remove("v"))
-            .unwrap_or_else(|| toml::Value::from(v));
-        opts.insert(k.into(), value);
-    }
+    // KEY=VALUE options, read as `concord envs ... --set` reads them
+    let sets: Vec<String> = args.collect();
+    let opts = envs::tools::options_from_flags(None, &sets)?;
     let factory = envs::create(&name, &opts)?;
     let seeds: Vec<u64> = (0..DECISIONS).map(|i| training_seed(50_000 + i)).collect();
     for roll_in in ["heuristic", "random"] {
